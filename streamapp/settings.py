@@ -1,0 +1,202 @@
+"""Every setting of a streamapp process, read from ``STREAMAPP_*`` environment variables.
+
+``faust -A streamapp.app worker`` takes no arguments of ours, so the environment is the one
+channel that reaches every process the same way (worker, CLI, docker-compose). Each value is
+validated when read; a bad one stops the process at start with the variable's name in the message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Mapping
+
+from streamapp.units import UnitError, parse_bytes, parse_duration
+
+STAGES = ("resize", "infer", "join", "sink")
+_STREAM_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
+
+
+class SettingsError(ValueError):
+    """A setting that is missing, malformed or inconsistent with another."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    broker: str = "kafka://127.0.0.1:9092"
+    app_id: str = "streamapp"
+    topic_prefix: str = ""
+    stages: tuple[str, ...] = STAGES
+    partitions: int = 4
+    bucket_size: int = 900
+    join_ttl_s: float = 5.0
+    sweep_interval_s: float = 1.0
+    # How long "already joined / already expired" is remembered, so late results are counted
+    # as late instead of waiting a TTL as orphans.
+    done_marker_ttl_s: float = 60.0
+    max_frame_bytes: int = 16 * 1024**2
+    memory_budget_bytes: int = 1024**3
+    input_retention_s: float = 3600.0
+    input_retention_bytes: int = 1024**3
+    data_dir: Path = Path("data")
+    out_dir: Path = Path("out")
+    web_port: int = 6066
+    resize_width: int = 320
+    resize_height: int = 240
+    jpeg_quality: int = 90
+    detector: str = "color"
+    sink_write_jpegs: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = set(self.stages) - set(STAGES)
+        if unknown or not self.stages:
+            raise SettingsError(
+                f"STREAMAPP_STAGES: unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}"
+            )
+        if not _TOPIC_PREFIX.match(self.topic_prefix):
+            raise SettingsError(f"STREAMAPP_TOPIC_PREFIX: {self.topic_prefix!r} is not a valid topic prefix")
+        _require(self.partitions >= 1, "STREAMAPP_PARTITIONS must be >= 1")
+        _require(self.bucket_size >= 1, "STREAMAPP_BUCKET_SIZE must be >= 1")
+        _require(self.join_ttl_s > 0, "STREAMAPP_JOIN_TTL must be > 0")
+        _require(0 < self.sweep_interval_s <= self.join_ttl_s,
+                 "STREAMAPP_SWEEP_INTERVAL must be > 0 and no longer than the join TTL")
+        _require(self.done_marker_ttl_s >= self.join_ttl_s,
+                 "STREAMAPP_DONE_MARKER_TTL must be at least the join TTL")
+        _require(64 * 1024 <= self.max_frame_bytes <= 256 * 1024**2,
+                 "STREAMAPP_MAX_FRAME_BYTES must be between 64KiB and 256MiB")
+        _require(self.memory_budget_bytes >= 8 * self.max_frame_bytes,
+                 "STREAMAPP_MEMORY_BUDGET must hold at least 8 frames of STREAMAPP_MAX_FRAME_BYTES")
+        _require(1 <= self.jpeg_quality <= 100, "STREAMAPP_JPEG_QUALITY must be 1..100")
+        _require(self.resize_width >= 16 and self.resize_height >= 16,
+                 "STREAMAPP_RESIZE must be at least 16x16")
+        _require(0 < self.web_port < 65536, "STREAMAPP_WEB_PORT must be a TCP port")
+
+    @property
+    def group_id(self) -> str:
+        """Consumer group of this process: one per stage set, so stages scale independently."""
+        stages = "all" if set(self.stages) == set(STAGES) else "-".join(self.stages)
+        return f"{self.topic_prefix}{self.app_id}-{stages}"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.broker.removeprefix("kafka://")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        values: dict = {}
+        for field, (variable, parse) in _ENV.items():
+            raw = env.get(variable)
+            if raw is None or raw == "":
+                continue
+            try:
+                values[field] = parse(raw, variable)
+            except (UnitError, ValueError) as exc:
+                raise SettingsError(f"{variable}={raw!r}: {exc}") from None
+        if env.get("STREAMAPP_RESIZE"):
+            try:
+                values["resize_width"], values["resize_height"] = parse_resolution(
+                    env["STREAMAPP_RESIZE"], "STREAMAPP_RESIZE")
+            except ValueError as exc:
+                raise SettingsError(str(exc)) from None
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes another process read these same settings."""
+        env = {}
+        for field, (variable, _) in _ENV.items():
+            value = getattr(self, field)
+            if isinstance(value, tuple):
+                value = ",".join(value)
+            elif isinstance(value, bool):
+                value = "1" if value else "0"
+            elif field.endswith("_s"):
+                value = f"{value}s"
+            env[variable] = str(value)
+        env["STREAMAPP_RESIZE"] = f"{self.resize_width}x{self.resize_height}"
+        return env
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise SettingsError(message)
+
+
+def _int(raw: str, name: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number") from None
+
+
+def _bool(raw: str, name: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be one of 1/0, true/false, yes/no, on/off")
+
+
+def _stages(raw: str, name: str) -> tuple[str, ...]:
+    if raw.strip() == "all":
+        return STAGES
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _size(raw: str, name: str) -> int:
+    return parse_bytes(raw, name=name)
+
+
+def _duration(raw: str, name: str) -> float:
+    return parse_duration(raw, name=name)
+
+
+def _text(raw: str, name: str) -> str:
+    return raw
+
+
+def _path(raw: str, name: str) -> Path:
+    return Path(raw)
+
+
+def parse_resolution(raw: str, name: str = "resolution") -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", raw)
+    if not match:
+        raise ValueError(f"{name}: {raw!r} is not WIDTHxHEIGHT, e.g. 320x240")
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_stream_id(raw: str) -> str:
+    if not _STREAM_ID.match(raw):
+        raise ValueError(f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    return raw
+
+
+_ENV = {
+    "broker": ("STREAMAPP_BROKER", _text),
+    "app_id": ("STREAMAPP_APP_ID", _text),
+    "topic_prefix": ("STREAMAPP_TOPIC_PREFIX", _text),
+    "stages": ("STREAMAPP_STAGES", _stages),
+    "partitions": ("STREAMAPP_PARTITIONS", _int),
+    "bucket_size": ("STREAMAPP_BUCKET_SIZE", _int),
+    "join_ttl_s": ("STREAMAPP_JOIN_TTL", _duration),
+    "sweep_interval_s": ("STREAMAPP_SWEEP_INTERVAL", _duration),
+    "done_marker_ttl_s": ("STREAMAPP_DONE_MARKER_TTL", _duration),
+    "max_frame_bytes": ("STREAMAPP_MAX_FRAME_BYTES", _size),
+    "memory_budget_bytes": ("STREAMAPP_MEMORY_BUDGET", _size),
+    "input_retention_s": ("STREAMAPP_INPUT_RETENTION", _duration),
+    "input_retention_bytes": ("STREAMAPP_INPUT_RETENTION_BYTES", _size),
+    "data_dir": ("STREAMAPP_DATA_DIR", _path),
+    "out_dir": ("STREAMAPP_OUT_DIR", _path),
+    "web_port": ("STREAMAPP_WEB_PORT", _int),
+    "detector": ("STREAMAPP_DETECTOR", _text),
+    "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
+    "sink_write_jpegs": ("STREAMAPP_SINK_WRITE_JPEGS", _bool),
+}

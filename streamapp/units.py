@@ -1,0 +1,80 @@
+"""Byte sizes and durations written by people: parsed strictly, rejected loudly when ambiguous.
+
+A size meant as "100 MB" that is silently read as kilobytes is how a 100 GB buffer happens, so
+only units with one meaning are accepted: bytes (``B`` or a bare integer), binary
+``KiB/MiB/GiB/TiB`` and decimal ``kB/MB/GB/TB``. Single letters (``K``, ``M``, ``G``) and
+lower-case spellings (``mb``, ``mib``) are rejected with the accepted spellings in the message.
+"""
+
+from __future__ import annotations
+
+import re
+
+_BYTE_UNITS = {
+    "B": 1,
+    "kB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+}
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}
+_NUMBER_AND_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+class UnitError(ValueError):
+    """A size or duration that cannot be read without guessing."""
+
+
+def parse_bytes(text: str | int, *, name: str = "size") -> int:
+    """Return a byte count for ``"512MiB"``, ``"16 MB"``, ``"1048576"`` or an int."""
+    if isinstance(text, bool):
+        raise UnitError(f"{name}: expected a byte size, got {text!r}")
+    if isinstance(text, int):
+        return _non_negative(text, name)
+    match = _NUMBER_AND_UNIT.match(str(text))
+    if not match:
+        raise UnitError(f"{name}: {text!r} is not a size; write e.g. 512MiB, 16MB or 1048576")
+    number, unit = match.groups()
+    unit = unit or "B"
+    if unit not in _BYTE_UNITS:
+        raise UnitError(
+            f"{name}: unit {unit!r} in {text!r} is ambiguous or unknown; "
+            f"use one of {', '.join(_BYTE_UNITS)}"
+        )
+    value = float(number) * _BYTE_UNITS[unit]
+    if unit == "B" and "." in number:
+        raise UnitError(f"{name}: {text!r} is a fraction of a byte")
+    return _non_negative(int(value), name)
+
+
+def parse_duration(text: str | float, *, name: str = "duration") -> float:
+    """Return seconds for ``"5s"``, ``"250ms"``, ``"2min"``, ``"1h"``; a bare number is rejected."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return _non_negative(float(text), name)
+    match = _NUMBER_AND_UNIT.match(str(text))
+    if not match or match.group(2) not in _DURATION_UNITS:
+        raise UnitError(
+            f"{name}: {text!r} needs a unit; write e.g. 5s, 250ms, 2min or 1h"
+        )
+    number, unit = match.groups()
+    return _non_negative(float(number) * _DURATION_UNITS[unit], name)
+
+
+def format_bytes(count: int) -> str:
+    """``1536 -> '1.5KiB'``: for messages and reports."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _non_negative(value, name):
+    if value < 0:
+        raise UnitError(f"{name}: must not be negative, got {value}")
+    return value
