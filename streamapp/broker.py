@@ -1,0 +1,647 @@
+"""A local single-node Apache Kafka broker for development, tests and CI.
+
+The broker is the real thing: ``kafka.Kafka`` from the Apache Kafka jars published on Maven
+Central, in KRaft mode (one process is both broker and controller; no ZooKeeper). Nothing else
+has to be installed besides Java 17+ and, for the first run only, Maven:
+
+* :func:`ensure_jars` copies the jars listed in ``streamapp/kafka/pom.xml`` into
+  ``$STREAMAPP_KAFKA_HOME/libs`` (default ``~/.cache/streamapp/kafka-<version>/libs``) with
+  ``mvn dependency:copy-dependencies``, once; a marker file written after a complete copy makes
+  later runs reuse it.
+* :class:`LocalBroker` keeps everything of one broker in its data directory: ``server.properties``,
+  ``broker.pid``, ``broker.log`` (the broker's stdout/stderr; the previous run's is kept as
+  ``broker.log.1``), ``cluster.id`` and the Kafka log directory ``logs/``.
+
+``LocalBroker(data_dir, port).start()`` returns once the broker answers a metadata request;
+``stop()`` sends SIGTERM and waits, killing the broker only when it does not exit in time.
+Every expected failure raises :class:`BrokerError` with a message that says what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+KAFKA_VERSION = "4.1.1"
+MIN_JAVA = 17
+DEFAULT_PORT = 9092
+# The pipeline's frames go up to 16 MiB (STREAMAPP_MAX_FRAME_BYTES); a record batch carries
+# some framing on top, hence the headroom.
+DEFAULT_MAX_MESSAGE_BYTES = 17 * 1024**2
+LOG_TAIL_LINES = 30
+NODE_ID = 1
+
+log = logging.getLogger(__name__)
+Notify = Callable[[str], None]
+
+
+class BrokerError(RuntimeError):
+    """The local broker cannot be installed, started, stopped or inspected; the message says why."""
+
+
+# --------------------------------------------------------------------------------------------
+# Locations
+
+
+def kafka_home() -> Path:
+    """Where the Kafka jars are cached: ``$STREAMAPP_KAFKA_HOME`` or the user's cache directory."""
+    if os.environ.get("STREAMAPP_KAFKA_HOME"):
+        return Path(os.environ["STREAMAPP_KAFKA_HOME"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "streamapp" / f"kafka-{KAFKA_VERSION}"
+
+
+def default_data_dir(port: int = DEFAULT_PORT) -> Path:
+    """Data directory of ``streamapp broker`` when none is given: one per port, per user."""
+    state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(state) / "streamapp" / f"broker-{port}"
+
+
+# --------------------------------------------------------------------------------------------
+# Java and the jars
+
+
+def parse_java_version(text: str) -> int:
+    """The major version in ``java -version`` output: ``"17.0.15" -> 17``, ``"1.8.0_292" -> 8``."""
+    match = re.search(r'version "([^"]+)"', text)
+    if not match:
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        raise BrokerError(f"cannot read the Java version from `java -version`, which printed {first!r}")
+    parts = re.split(r"[._+-]", match.group(1))
+    try:
+        major = int(parts[0])
+        if major == 1 and len(parts) > 1:
+            major = int(parts[1])
+    except ValueError:
+        raise BrokerError(f"cannot read the Java version {match.group(1)!r} printed by `java -version`") from None
+    return major
+
+
+def find_java() -> str:
+    """``$JAVA_HOME/bin/java`` when it exists, else ``java`` on the PATH."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and os.access(Path(java_home) / "bin" / "java", os.X_OK):
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise BrokerError(
+            f"Java not found: the Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA}+ "
+            f"(install a JDK {MIN_JAVA} or newer and put `java` on the PATH, or set JAVA_HOME)"
+        )
+    return found
+
+
+def check_java(java: str | None = None) -> str:
+    """Return the ``java`` to run, after making sure it is Java 17 or newer."""
+    java = java or find_java()
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise BrokerError(f"cannot run {java}: {exc}") from None
+    major = parse_java_version(proc.stderr + proc.stdout)
+    if major < MIN_JAVA:
+        raise BrokerError(
+            f"{java} is Java {major}; the Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA}+ "
+            f"(install a JDK {MIN_JAVA} or newer, or point JAVA_HOME at one)"
+        )
+    return java
+
+
+def _packaged(name: str) -> bytes:
+    return (resources.files("streamapp.kafka") / name).read_bytes()
+
+
+def ensure_jars(home: Path | str | None = None, *, notify: Notify | None = None) -> Path:
+    """Return the directory of Kafka jars, fetching them with Maven on first use.
+
+    The copy is made in a scratch directory and moved into place with a marker file holding the
+    pom's hash, so an interrupted copy is never used and a changed pom fetches again. A file
+    lock keeps concurrent first runs from fetching twice.
+    """
+    notify = notify or log.info
+    home = Path(home) if home is not None else kafka_home()
+    libs = home / "libs"
+    pom = _packaged("pom.xml")
+    digest = hashlib.sha256(pom).hexdigest()[:16]
+    if _jars_complete(libs, digest):
+        return libs
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BrokerError(f"cannot create the Kafka jar cache {home}: {exc} (set STREAMAPP_KAFKA_HOME)") from None
+    with _file_lock(home / ".lock"):
+        if _jars_complete(libs, digest):
+            return libs
+        mvn = shutil.which("mvn")
+        if not mvn:
+            raise BrokerError(
+                f"the Apache Kafka {KAFKA_VERSION} jars are not in {libs} and Maven (`mvn`) is not "
+                f"installed to fetch them from Maven Central; install Maven (needed once), or set "
+                f"STREAMAPP_KAFKA_HOME to a directory whose libs/ already holds them"
+            )
+        notify(f"fetching the Apache Kafka {KAFKA_VERSION} jars from Maven Central into {libs} (first run only)")
+        work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
+        try:
+            (work / "pom.xml").write_bytes(pom)
+            fetched = work / "libs"
+            proc = subprocess.run(
+                [mvn, "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+                 f"-DoutputDirectory={fetched}", "-DincludeScope=runtime"],
+                capture_output=True, text=True, cwd=work,
+            )
+            if proc.returncode != 0 or not list(fetched.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):
+                output = _tail((proc.stdout + proc.stderr).splitlines(), LOG_TAIL_LINES)
+                raise BrokerError(
+                    f"Maven could not fetch the Kafka {KAFKA_VERSION} jars (exit code {proc.returncode}); "
+                    f"check the network access to Maven Central. Maven said:\n{output}"
+                )
+            (fetched / ".complete").write_text(digest + "\n")
+            if libs.exists():
+                shutil.rmtree(libs)
+            os.replace(fetched, libs)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return libs
+
+
+def _jars_complete(libs: Path, digest: str) -> bool:
+    try:
+        return (libs / ".complete").read_text().strip() == digest
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------------------------
+# Ports and processes
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something listens on (or holds) ``host:port``, so a broker could not bind it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the JVM does: a port left in TIME_WAIT by a stopped broker counts as free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited, it only waits for its parent to notice
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline(pid: int) -> str | None:
+    """The command line of ``pid``, or None when it cannot be read on this system."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return ""
+    except OSError:
+        return None
+    try:
+        proc = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
+    except OSError:
+        return None
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def _tail(lines: list[str], count: int) -> str:
+    return "\n".join(lines[-count:])
+
+
+def _read_properties(path: Path) -> dict[str, str]:
+    values = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")) and "=" in line:
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    return values
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id (what ``kafka-storage random-uuid`` prints), without starting a JVM."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):  # Kafka avoids ids that look like command-line options
+            return text
+
+
+def _run_async(factory):
+    """Run ``factory()``'s coroutine to completion, also when called from inside an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(factory())).result()
+
+
+async def _answers_metadata(bootstrap: str, timeout_s: float) -> bool:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await admin.start()
+        cluster = await admin.describe_cluster()
+        return any(broker["node_id"] == NODE_ID for broker in cluster["brokers"])
+    except Exception:  # noqa: BLE001 - any failure only means "not ready yet"
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Silence a logger while probing a broker that is expected to refuse connections at first."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+# --------------------------------------------------------------------------------------------
+# The broker
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    port: int
+    data_dir: Path
+    log_file: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def describe(self) -> str:
+        if self.running:
+            return (f"running: {self.bootstrap} (pid {self.pid}), data dir {self.data_dir}, "
+                    f"log {self.log_file}")
+        return f"not running (port {self.port}, data dir {self.data_dir})"
+
+
+class LocalBroker:
+    """One single-node KRaft broker listening on 127.0.0.1, its state kept in ``data_dir``.
+
+    ``extra_properties`` are written into ``server.properties`` last, so they override anything.
+    ``notify`` receives the messages meant for a person (stale pid file removed, fetching jars,
+    broker killed); by default they are logged.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        port: int = DEFAULT_PORT,
+        *,
+        controller_port: int | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        heap: str = "1g",
+        kafka_home: Path | str | None = None,
+        extra_properties: Mapping[str, object] | None = None,
+        notify: Notify | None = None,
+    ) -> None:
+        if not 0 < port < 65536:
+            raise BrokerError(f"port {port} is not a TCP port (1-65535)")
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.port = port
+        self.controller_port = controller_port
+        self.max_message_bytes = max_message_bytes
+        self.heap = heap
+        self.kafka_home = Path(kafka_home) if kafka_home is not None else None
+        self.extra_properties = dict(extra_properties or {})
+        self.notify = notify or log.info
+        self._proc: subprocess.Popen | None = None
+
+    # paths
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    @property
+    def properties_file(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def cluster_id_file(self) -> Path:
+        return self.data_dir / "cluster.id"
+
+    @property
+    def log_dirs(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "LocalBroker":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------------------------------
+    def status(self) -> BrokerStatus:
+        """Whether a broker runs from this data dir; a stale pid file is removed (and reported)."""
+        pid = self._running_pid()
+        port = self._recorded_port() or self.port  # the port it runs on, or last ran on
+        return BrokerStatus(pid is not None, pid, port, self.data_dir, self.log_file)
+
+    def start(self, timeout: float = 90.0) -> "LocalBroker":
+        """Start the broker and return once it answers a metadata request on :attr:`bootstrap`."""
+        running = self._running_pid()
+        if running is not None:
+            raise BrokerError(
+                f"a broker is already running from {self.data_dir} (pid {running}, port "
+                f"{self._recorded_port() or '?'}); stop it first with "
+                f"`streamapp broker stop --data-dir {self.data_dir}`"
+            )
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BrokerError(f"cannot create the broker data dir {self.data_dir}: {exc}") from None
+        cluster_id = self._check_cluster_id()
+        if port_in_use(self.port):
+            raise BrokerError(
+                f"port {self.port} on 127.0.0.1 is already in use (another Kafka broker?); "
+                f"choose another with --port, or stop what listens there"
+            )
+        controller_port = self._pick_controller_port()
+        java = check_java()
+        libs = ensure_jars(self.kafka_home, notify=self.notify)
+
+        self._write_properties(controller_port)
+        if not (self.log_dirs / "meta.properties").exists():
+            cluster_id = cluster_id or new_cluster_id()
+            self._format(java, libs, cluster_id)
+
+        if self.log_file.exists():
+            os.replace(self.log_file, self.log_file.with_name(self.log_file.name + ".1"))
+        started = time.monotonic()
+        with open(self.log_file, "ab") as out:
+            self._proc = subprocess.Popen(
+                [java, f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                 "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+                 *self._java_classpath_args(libs), "kafka.Kafka", str(self.properties_file)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=self.data_dir, start_new_session=True,
+            )
+        self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._wait_ready(started + timeout, timeout)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> str:
+        """Stop the broker: ``"stopped"``, ``"killed"`` (did not exit in time) or ``"not running"``."""
+        pid = self._running_pid()
+        if pid is None:
+            return "not running"
+        self._signal(pid, signal.SIGTERM)
+        if self._wait_exit(pid, timeout):
+            outcome = "stopped"
+        else:
+            self._signal(pid, signal.SIGKILL)
+            self._wait_exit(pid, 10.0)
+            outcome = "killed"
+            self.notify(f"the broker (pid {pid}) did not stop within {timeout:.0f}s after SIGTERM; "
+                        f"killed it (see {self.log_file})")
+        self.pid_file.unlink(missing_ok=True)
+        self._proc = None
+        return outcome
+
+    # ---------------------------------------------------------------------------------------
+    def _running_pid(self) -> int | None:
+        try:
+            text = self.pid_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        try:
+            pid = int(text)
+        except ValueError:
+            self.pid_file.unlink(missing_ok=True)
+            self.notify(f"removed the unreadable pid file {self.pid_file} ({text[:20]!r})")
+            return None
+        if not self._alive(pid):
+            self.pid_file.unlink(missing_ok=True)
+            self.notify(f"removed the stale pid file {self.pid_file}: pid {pid} is not running")
+            return None
+        cmdline = _cmdline(pid)
+        if cmdline is not None and not ("kafka.Kafka" in cmdline and str(self.properties_file) in cmdline):
+            self.pid_file.unlink(missing_ok=True)
+            self.notify(f"removed the stale pid file {self.pid_file}: pid {pid} is another process, "
+                        f"not this broker")
+            return None
+        return pid
+
+    def _alive(self, pid: int) -> bool:
+        if self._proc is not None and self._proc.pid == pid:
+            return self._proc.poll() is None
+        return _pid_alive(pid)
+
+    def _recorded_port(self) -> int | None:
+        try:
+            listeners = _read_properties(self.properties_file).get("advertised.listeners", "")
+        except OSError:
+            return None
+        match = re.search(r"PLAINTEXT://[^,:]*:(\d+)", listeners)
+        return int(match.group(1)) if match else None
+
+    def _check_cluster_id(self) -> str | None:
+        """The cluster id this data dir belongs to (None: not formatted yet), or BrokerError."""
+        meta_file = self.log_dirs / "meta.properties"
+        recorded = self.cluster_id_file.read_text().strip() if self.cluster_id_file.exists() else None
+        if not meta_file.exists():
+            return recorded
+        meta = _read_properties(meta_file)
+        formatted = meta.get("cluster.id")
+        if recorded and formatted != recorded:
+            raise BrokerError(
+                f"the data dir {self.data_dir} is formatted for Kafka cluster {formatted!r} "
+                f"({meta_file}), not for cluster {recorded!r} recorded in {self.cluster_id_file}; "
+                f"use a new --data-dir, or delete {self.data_dir} to start afresh (its topics are lost)"
+            )
+        if meta.get("node.id", str(NODE_ID)) != str(NODE_ID):
+            raise BrokerError(
+                f"the data dir {self.data_dir} is formatted for Kafka node {meta.get('node.id')}, "
+                f"not node {NODE_ID}; use a new --data-dir, or delete {self.data_dir} to start afresh"
+            )
+        if formatted and not recorded:
+            self.cluster_id_file.write_text(formatted + "\n")
+        return formatted
+
+    def _pick_controller_port(self) -> int:
+        if self.controller_port is not None:
+            if port_in_use(self.controller_port) or self.controller_port == self.port:
+                raise BrokerError(f"controller port {self.controller_port} on 127.0.0.1 is already in use; "
+                                  f"choose another")
+            return self.controller_port
+        previous = None
+        if self.properties_file.exists():
+            voters = _read_properties(self.properties_file).get("controller.quorum.voters", "")
+            match = re.search(r":(\d+)$", voters)
+            previous = int(match.group(1)) if match else None
+        for candidate in (previous, self.port + 1):
+            if candidate and candidate != self.port and candidate < 65536 and not port_in_use(candidate):
+                return candidate
+        return free_port()
+
+    def properties(self, controller_port: int) -> dict[str, object]:
+        """The ``server.properties`` of this broker."""
+        return {
+            "process.roles": "broker,controller",
+            "node.id": NODE_ID,
+            "controller.quorum.voters": f"{NODE_ID}@127.0.0.1:{controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": self.log_dirs,
+            "num.partitions": 1,
+            "default.replication.factor": 1,
+            "min.insync.replicas": 1,
+            "offsets.topic.replication.factor": 1,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "share.coordinator.state.topic.replication.factor": 1,
+            "share.coordinator.state.topic.min.isr": 1,
+            "auto.create.topics.enable": "false",
+            "group.initial.rebalance.delay.ms": 0,
+            # Large frames: what a producer may send, what a fetch may return.
+            "message.max.bytes": self.max_message_bytes,
+            "replica.fetch.max.bytes": self.max_message_bytes,
+            "fetch.max.bytes": max(self.max_message_bytes, 55 * 1024**2),
+            "socket.request.max.bytes": max(self.max_message_bytes + 1024**2, 100 * 1024**2),
+            # Retention and compaction act within seconds, so tests can see them act.
+            "log.segment.bytes": 64 * 1024**2,
+            "log.retention.check.interval.ms": 10_000,
+            "log.cleaner.enable": "true",
+            "log.cleaner.backoff.ms": 5_000,
+            "log.cleaner.dedupe.buffer.size": 32 * 1024**2,
+            **self.extra_properties,
+        }
+
+    def _write_properties(self, controller_port: int) -> None:
+        lines = [f"# Written by streamapp.broker at every start; edits are overwritten."]
+        lines += [f"{key}={value}" for key, value in self.properties(controller_port).items()]
+        self.properties_file.write_text("\n".join(lines) + "\n")
+
+    def _java_classpath_args(self, libs: Path) -> list[str]:
+        log4j = self.data_dir / "log4j2.yaml"
+        log4j.write_bytes(_packaged("log4j2.yaml"))
+        return ["-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={log4j}"]
+
+    def _format(self, java: str, libs: Path, cluster_id: str) -> None:
+        proc = subprocess.run(
+            [java, *self._java_classpath_args(libs), "kafka.tools.StorageTool", "format",
+             "-t", cluster_id, "-c", str(self.properties_file)],
+            capture_output=True, text=True, cwd=self.data_dir,
+        )
+        if proc.returncode != 0:
+            output = _tail((proc.stdout + proc.stderr).splitlines(), LOG_TAIL_LINES)
+            raise BrokerError(f"formatting the Kafka log dir {self.log_dirs} failed:\n{output}")
+        self.cluster_id_file.write_text(cluster_id + "\n")
+
+    def _wait_ready(self, deadline: float, timeout: float) -> None:
+        assert self._proc is not None
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                self._fail(f"the broker exited with code {code} during start")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._fail(f"the broker did not answer on {self.bootstrap} within {timeout:.0f}s")
+            if self._accepts_connections():
+                with _quiet("aiokafka"):
+                    if _run_async(lambda: _answers_metadata(self.bootstrap, min(5.0, max(remaining, 0.5)))):
+                        return
+            time.sleep(0.2)
+
+    def _accepts_connections(self) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(1.0)
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def _fail(self, reason: str) -> None:
+        pid = self._proc.pid if self._proc else None
+        if pid is not None and self._alive(pid):
+            self._signal(pid, signal.SIGKILL)
+            self._wait_exit(pid, 10.0)
+        self.pid_file.unlink(missing_ok=True)
+        self._proc = None
+        try:
+            tail = _tail(self.log_file.read_text(errors="replace").splitlines(), LOG_TAIL_LINES)
+        except OSError:
+            tail = "(no log)"
+        raise BrokerError(f"{reason}; last lines of {self.log_file}:\n{tail}")
+
+    def _signal(self, pid: int, sig: int) -> None:
+        try:
+            os.killpg(pid, sig)  # the broker leads its own process group (start_new_session)
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._alive(pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
