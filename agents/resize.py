@@ -1,0 +1,31 @@
+"""Resize stage: a frame scaled to the detector's input size, still a JPEG.
+
+The scaled copy keeps the frame's id and timestamp and records the original size in
+``source_width/height``, so inference can map its boxes back to the original pixels. The size is
+exact, not aspect-preserving: the mapping back is a per-axis scale.
+"""
+
+from __future__ import annotations
+
+import cv2
+
+from streamapp.imaging import decode_frame, encode_jpeg
+from streamapp.wire import Frame
+
+
+def resize_frame(frame: Frame, width: int, height: int, quality: int = 90) -> Frame:
+    """The frame scaled to ``width`` x ``height``; raises CorruptFrame for an undecodable JPEG."""
+    image = decode_frame(frame)  # also checks frames that need no scaling
+    if (frame.width, frame.height) == (width, height):
+        jpeg = frame.jpeg  # already the right size: re-encoding would only lose quality
+    else:
+        jpeg = encode_jpeg(cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA), quality)
+    return Frame(
+        id=frame.id,
+        timestamp_ms=frame.timestamp_ms,
+        width=width,
+        height=height,
+        jpeg=jpeg,
+        source_width=frame.source_width or frame.width,
+        source_height=frame.source_height or frame.height,
+    )
