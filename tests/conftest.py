@@ -1,0 +1,50 @@
+"""Shared fixtures. ``kafka_bootstrap`` is a real Kafka broker for the whole test session."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+
+import pytest
+
+from streamapp.broker import BrokerError, LocalBroker, free_port
+
+
+def pytest_collection_modifyitems(items):
+    # Whatever uses the broker is a kafka test, so `-m "not kafka"` leaves all of them out.
+    for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    """``host:port`` of a Kafka broker: ``$KAFKA_BOOTSTRAP_SERVERS`` when set, else one started here.
+
+    The broker started here listens on a free port, keeps its data in a temporary directory and
+    is stopped at the end of the session; its topic data is then deleted, its log kept.
+    """
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        yield external.removeprefix("kafka://")
+        return
+    data_dir = tmp_path_factory.mktemp("kafka-broker")
+    broker = LocalBroker(data_dir, free_port())
+    try:
+        broker.start(timeout=120)
+    except BrokerError as exc:
+        pytest.fail(f"cannot start the test Kafka broker: {exc}", pytrace=False)
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.log_dirs, ignore_errors=True)
+
+
+@pytest.fixture
+def unique_topic(request):
+    """A topic name no other test (or earlier run against the same broker) uses."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:100]
+    return f"test-{name}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,127 @@
+"""The real broker carries what the pipeline needs: large records with keys and headers, and
+topics created with explicit configs (auto-creation is off)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+pytestmark = pytest.mark.kafka
+
+MIB = 1024**2
+COUNT = 200
+
+
+def payload(index: int) -> bytes:
+    return random.Random(index).randbytes(MIB)
+
+
+async def create_topic(bootstrap: str, topic: NewTopic) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        response = await admin.create_topics([topic])
+        errors = [e for e in response.to_object()["topic_errors"] if e["error_code"]]
+        assert not errors, errors
+    finally:
+        await admin.close()
+
+
+async def topic_configs(bootstrap: str, topic: str) -> dict[str, tuple[str, int]]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    finally:
+        await admin.close()
+    [resource] = response.to_object()["resources"]
+    assert resource["error_code"] == 0, resource
+    return {e["config_names"]: (e["config_value"], e["config_source"]) for e in resource["config_entries"]}
+
+
+def test_200_records_of_1mib_with_keys_and_headers_round_trip(kafka_bootstrap, unique_topic):
+    async def scenario():
+        await create_topic(kafka_bootstrap, NewTopic(unique_topic, 3, 1))
+        sent = {}
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all",
+                                    max_request_size=4 * MIB, linger_ms=5)
+        await producer.start()
+        try:
+            pending = []
+            for i in range(COUNT):
+                key = f"stream-{i % 7}:frame-{i:05d}".encode()
+                body = payload(i)
+                headers = [("index", str(i).encode()), ("sha256", hashlib.sha256(body).digest()),
+                           ("empty", b"")]
+                sent[key] = (hashlib.sha256(body).hexdigest(), headers)
+                pending.append(await producer.send(unique_topic, body, key=key, headers=headers))
+            await asyncio.gather(*pending)
+        finally:
+            await producer.stop()
+
+        received = {}
+        consumer = AIOKafkaConsumer(unique_topic, bootstrap_servers=kafka_bootstrap, group_id=None,
+                                    auto_offset_reset="earliest", enable_auto_commit=False,
+                                    max_partition_fetch_bytes=4 * MIB, fetch_max_bytes=32 * MIB)
+        await consumer.start()
+        try:
+            async with asyncio.timeout(120):
+                while len(received) < COUNT:
+                    batches = await consumer.getmany(timeout_ms=1000)
+                    for records in batches.values():
+                        for record in records:
+                            assert record.key not in received, f"duplicate {record.key!r}"
+                            assert len(record.value) == MIB
+                            received[record.key] = (hashlib.sha256(record.value).hexdigest(),
+                                                    list(record.headers))
+        finally:
+            await consumer.stop()
+        return sent, received
+
+    sent, received = asyncio.run(scenario())
+    assert set(received) == set(sent)
+    for key, (digest, headers) in sent.items():
+        got_digest, got_headers = received[key]
+        assert got_digest == digest, key
+        assert [(name, bytes(value)) for name, value in got_headers] == headers, key
+
+
+def test_compact_delete_topic_with_explicit_configs(kafka_bootstrap, unique_topic):
+    configs = {
+        "cleanup.policy": "compact,delete",
+        "retention.ms": "3600000",
+        "retention.bytes": str(256 * MIB),
+        "segment.bytes": str(8 * MIB),
+        "max.message.bytes": str(17 * MIB),
+        "min.compaction.lag.ms": "1000",
+    }
+    asyncio.run(create_topic(kafka_bootstrap, NewTopic(unique_topic, 2, 1, topic_configs=configs)))
+    described = asyncio.run(topic_configs(kafka_bootstrap, unique_topic))
+    DYNAMIC_TOPIC_CONFIG = 1  # set on this topic, not inherited from the broker
+    for name, value in configs.items():
+        assert described[name] == (value, DYNAMIC_TOPIC_CONFIG), name
+
+
+def test_broker_accepts_frames_of_16mib(kafka_bootstrap):
+    async def broker_configs():
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            node = (await admin.describe_cluster())["brokers"][0]["node_id"]
+            [response] = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, str(node))])
+        finally:
+            await admin.close()
+        [resource] = response.to_object()["resources"]
+        return {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+
+    configs = asyncio.run(broker_configs())
+    assert int(configs["message.max.bytes"]) >= 16 * MIB
+    assert int(configs["replica.fetch.max.bytes"]) >= 16 * MIB
+    assert configs["auto.create.topics.enable"] == "false"

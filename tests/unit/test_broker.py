@@ -1,0 +1,273 @@
+"""The broker manager's failure paths that need no running broker (and no Java)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamapp import broker as broker_module
+from streamapp.broker import (BrokerError, LocalBroker, check_java, ensure_jars, find_java, free_port,
+                              new_cluster_id, parse_java_version, port_in_use)
+
+MIB = 1024**2
+
+
+@pytest.fixture
+def notes():
+    return []
+
+
+@pytest.fixture
+def local(tmp_path, notes):
+    return LocalBroker(tmp_path / "broker", free_port(), notify=notes.append)
+
+
+def fake_java(directory: Path, version_output: str) -> Path:
+    """A ``java`` that prints ``version_output`` for ``-version`` (as Java does, on stderr)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    java = directory / "java"
+    lines = "".join(f"printf '%s\\n' '{line}' >&2\n" for line in version_output.splitlines())
+    java.write_text(f"#!/bin/sh\n{lines}")
+    java.chmod(java.stat().st_mode | stat.S_IEXEC)
+    return java
+
+
+# --- Java ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("output, major", [
+    ('openjdk version "17.0.15" 2025-04-15\nOpenJDK Runtime Environment', 17),
+    ('openjdk version "21" 2023-09-19', 21),
+    ('openjdk version "17-ea" 2021-09-14', 17),
+    ('java version "1.8.0_292"\nJava(TM) SE Runtime Environment', 8),
+    ('openjdk version "11.0.2" 2019-01-15', 11),
+    ('Picked up JAVA_TOOL_OPTIONS: -Xss2m\nopenjdk version "25.0.1+8-LTS" 2025-10-21', 25),
+])
+def test_parse_java_version(output, major):
+    assert parse_java_version(output) == major
+
+
+@pytest.mark.parametrize("output", ["", "command not found", 'openjdk version "x.y"'])
+def test_unreadable_java_version_is_a_clear_error(output):
+    with pytest.raises(BrokerError, match="Java version"):
+        parse_java_version(output)
+
+
+def test_old_java_is_refused_saying_17_is_needed(tmp_path):
+    java = fake_java(tmp_path, 'java version "1.8.0_292"')
+    with pytest.raises(BrokerError, match=r"Java 8.*needs Java 17\+"):
+        check_java(str(java))
+
+
+def test_java_17_is_accepted(tmp_path):
+    java = fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15')
+    assert check_java(str(java)) == str(java)
+
+
+def test_no_java_at_all(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(BrokerError, match=r"Java not found.*Java 17\+"):
+        find_java()
+
+
+def test_java_home_is_preferred(tmp_path, monkeypatch):
+    java = fake_java(tmp_path / "jdk" / "bin", 'openjdk version "21"')
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    assert find_java() == str(java)
+
+
+def test_start_with_old_java_fails_before_fetching_anything(local, tmp_path, monkeypatch):
+    fake_java(tmp_path / "jdk" / "bin", 'openjdk version "11.0.2" 2019-01-15')
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    monkeypatch.setenv("PATH", str(tmp_path / "jdk" / "bin"))
+    with pytest.raises(BrokerError, match=r"Java 11.*17\+"):
+        LocalBroker(local.data_dir, local.port, kafka_home=tmp_path / "home").start()
+    assert not (tmp_path / "home").exists()
+
+
+# --- jars ----------------------------------------------------------------------------------
+
+
+def pom_digest() -> str:
+    return hashlib.sha256(broker_module._packaged("pom.xml")).hexdigest()[:16]
+
+
+def test_no_maven_and_no_cached_jars(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(BrokerError) as info:
+        ensure_jars(tmp_path / "home")
+    message = str(info.value)
+    assert "Maven" in message and "mvn" in message and "STREAMAPP_KAFKA_HOME" in message
+    assert str(tmp_path / "home" / "libs") in message
+
+
+def test_cached_jars_are_reused_without_maven(tmp_path, monkeypatch):
+    libs = tmp_path / "home" / "libs"
+    libs.mkdir(parents=True)
+    (libs / ".complete").write_text(pom_digest() + "\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert ensure_jars(tmp_path / "home") == libs
+
+
+def test_an_incomplete_or_outdated_copy_is_not_used(tmp_path, monkeypatch):
+    libs = tmp_path / "home" / "libs"
+    libs.mkdir(parents=True)
+    (libs / "kafka_2.13-4.1.1.jar").write_bytes(b"")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(BrokerError, match="Maven"):
+        ensure_jars(tmp_path / "home")  # no marker: an interrupted copy
+    (libs / ".complete").write_text("0123456789abcdef\n")
+    with pytest.raises(BrokerError, match="Maven"):
+        ensure_jars(tmp_path / "home")  # marker of another pom
+
+
+def test_kafka_home_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAMAPP_KAFKA_HOME", str(tmp_path / "k"))
+    assert broker_module.kafka_home() == tmp_path / "k"
+    monkeypatch.delenv("STREAMAPP_KAFKA_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert broker_module.kafka_home() == tmp_path / "cache" / "streamapp" / "kafka-4.1.1"
+
+
+# --- pid file ------------------------------------------------------------------------------
+
+
+def finished_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_pid_file_is_removed_and_reported(local, notes):
+    local.data_dir.mkdir(parents=True)
+    pid = finished_pid()
+    local.pid_file.write_text(f"{pid}\n")
+    status = local.status()
+    assert not status.running and status.pid is None
+    assert not local.pid_file.exists()
+    assert any("stale pid file" in note and str(pid) in note for note in notes)
+
+
+def test_stop_with_a_stale_pid_file_reports_not_running(local, notes):
+    local.data_dir.mkdir(parents=True)
+    local.pid_file.write_text(f"{finished_pid()}\n")
+    assert local.stop() == "not running"
+    assert not local.pid_file.exists()
+    assert notes
+
+
+def test_a_pid_reused_by_another_process_is_never_signalled(local, notes):
+    local.data_dir.mkdir(parents=True)
+    local.pid_file.write_text(f"{os.getpid()}\n")  # alive, but not a Kafka broker: this test run
+    assert local.stop(timeout=1) == "not running"
+    assert not local.pid_file.exists()
+    assert any("another process" in note for note in notes)
+
+
+def test_garbage_pid_file(local, notes):
+    local.data_dir.mkdir(parents=True)
+    local.pid_file.write_text("not a pid")
+    assert not local.status().running
+    assert not local.pid_file.exists()
+
+
+def test_status_of_a_data_dir_that_never_ran(local):
+    status = local.status()
+    assert not status.running
+    assert status.port == local.port
+    assert "not running" in status.describe()
+
+
+# --- data dir of another cluster -----------------------------------------------------------
+
+
+def test_data_dir_formatted_for_another_cluster_is_refused(local):
+    (local.data_dir / "logs").mkdir(parents=True)
+    local.cluster_id_file.write_text("AAAAAAAAAAAAAAAAAAAAAA\n")
+    (local.data_dir / "logs" / "meta.properties").write_text(
+        "version=1\nnode.id=1\ncluster.id=BBBBBBBBBBBBBBBBBBBBBB\ndirectory.id=x\n")
+    with pytest.raises(BrokerError) as info:
+        local.start(timeout=5)
+    message = str(info.value)
+    assert "AAAAAAAAAAAAAAAAAAAAAA" in message and "BBBBBBBBBBBBBBBBBBBBBB" in message
+    assert "--data-dir" in message and "delete" in message
+    assert not local.pid_file.exists()
+
+
+def test_data_dir_formatted_for_another_node_is_refused(local):
+    (local.data_dir / "logs").mkdir(parents=True)
+    (local.data_dir / "logs" / "meta.properties").write_text("version=1\nnode.id=3\ncluster.id=C\n")
+    with pytest.raises(BrokerError, match="node 3"):
+        local.start(timeout=5)
+
+
+def test_new_cluster_ids_look_like_kafkas():
+    for _ in range(200):
+        cluster_id = new_cluster_id()
+        assert len(cluster_id) == 22 and not cluster_id.startswith("-")
+        assert set(cluster_id) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+# --- ports ---------------------------------------------------------------------------------
+
+
+def test_port_in_use_is_refused_before_anything_starts(tmp_path, notes):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert port_in_use(port)
+        broker = LocalBroker(tmp_path / "b", port, notify=notes.append)
+        with pytest.raises(BrokerError, match=rf"port {port} .*already in use.*--port"):
+            broker.start(timeout=5)
+    assert not port_in_use(port)
+    assert not broker.pid_file.exists()
+
+
+def test_bound_but_not_listening_port_counts_as_in_use():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        assert port_in_use(sock.getsockname()[1])
+
+
+def test_invalid_port():
+    with pytest.raises(BrokerError, match="not a TCP port"):
+        LocalBroker("/nonexistent", 70000)
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+def test_server_properties_carry_large_frames_and_no_auto_creation(local):
+    props = local.properties(controller_port=local.port + 1)
+    assert props["message.max.bytes"] >= 16 * MIB
+    assert props["replica.fetch.max.bytes"] >= 16 * MIB
+    assert props["fetch.max.bytes"] >= 16 * MIB
+    assert props["auto.create.topics.enable"] == "false"
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == f"1@127.0.0.1:{local.port + 1}"
+    assert props["advertised.listeners"] == f"PLAINTEXT://127.0.0.1:{local.port}"
+    assert props["log.dirs"] == local.data_dir / "logs"
+    assert props["log.retention.check.interval.ms"] <= 30_000
+    assert props["log.cleaner.enable"] == "true"
+
+
+def test_extra_properties_override(tmp_path):
+    broker = LocalBroker(tmp_path, 19999, max_message_bytes=32 * MIB,
+                         extra_properties={"log.retention.check.interval.ms": 1000, "num.partitions": 3})
+    props = broker.properties(20000)
+    assert props["message.max.bytes"] == 32 * MIB
+    assert props["log.retention.check.interval.ms"] == 1000 and props["num.partitions"] == 3
+
+
+def test_packaged_broker_files_are_installed():
+    assert b"<artifactId>kafka_2.13</artifactId>" in broker_module._packaged("pom.xml")
+    assert b"Configuration:" in broker_module._packaged("log4j2.yaml")

@@ -1,0 +1,67 @@
+"""The ``streamapp`` command line: exit codes and error messages without tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from streamapp.broker import free_port
+from streamapp.cli import COMMANDS, build_parser, main
+
+
+def test_every_registered_command_is_in_the_parser():
+    parser = build_parser()
+    [subcommands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(subcommands.choices) == {command.name for command in COMMANDS}
+    args = parser.parse_args(["broker", "status"])
+    assert args.command == "broker" and args.action == "status"
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert main([]) == 2
+    assert "streamapp: error:" in capsys.readouterr().err
+
+
+def test_broker_without_action_is_a_usage_error(capsys):
+    assert main(["broker"]) == 2
+    assert "streamapp broker: error:" in capsys.readouterr().err
+
+
+def test_help_exits_zero(capsys):
+    assert main(["broker", "start", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--port" in out and "--data-dir" in out and "--timeout" in out
+
+
+def test_ambiguous_size_is_a_usage_error(capsys, tmp_path):
+    assert main(["broker", "start", "--data-dir", str(tmp_path), "--max-message-bytes", "16M"]) == 2
+    assert "ambiguous" in capsys.readouterr().err
+
+
+def test_status_of_a_stopped_broker_exits_3(capsys, tmp_path):
+    assert main(["broker", "status", "--data-dir", str(tmp_path / "b"), "--port", str(free_port())]) == 3
+    assert "not running" in capsys.readouterr().out
+
+
+def test_stop_of_a_stopped_broker_is_fine(capsys, tmp_path):
+    assert main(["broker", "stop", "--data-dir", str(tmp_path / "b")]) == 0
+    assert "not running" in capsys.readouterr().out
+
+
+def test_runtime_errors_exit_1_without_traceback(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "streamapp.cli", "broker", "start", "--port", str(port),
+             "--data-dir", str(tmp_path / "b")],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"streamapp: error: port {port} on 127.0.0.1 is already in use")
+    assert "Traceback" not in proc.stderr
