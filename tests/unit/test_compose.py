@@ -1,0 +1,153 @@
+"""docker-compose.yml stays in step with the code: the modules, subcommands, options, stages and
+settings it names all exist. (No Docker needed: the file is only read.)"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from streamapp.cli import build_parser
+from streamapp.settings import STAGES, Settings
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+SERVICES: dict = COMPOSE["services"]
+MIB = 1024**2
+
+
+def argv(service: dict) -> list[str]:
+    command = service.get("command", [])
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def environment(service: dict) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {key: str(value) for key, value in env.items()}
+
+
+def depends_on(service: dict) -> dict[str, str]:
+    deps = service.get("depends_on", {})
+    if isinstance(deps, list):
+        return {name: "service_started" for name in deps}
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
+
+
+def ours(service: dict) -> bool:
+    return "build" in service
+
+
+def commands_of(program: str) -> list[tuple[str, list[str]]]:
+    found = [(name, argv(s)) for name, s in SERVICES.items()]
+    return [(name, args) for name, args in found if args and args[0] == program]
+
+
+def test_every_service_has_an_image_or_build_and_ours_a_command():
+    for name, service in SERVICES.items():
+        assert "image" in service or "build" in service, name
+        if ours(service):
+            assert argv(service), f"service {name} runs our image but gives no command"
+
+
+def test_build_context_has_a_dockerfile_whose_sources_exist():
+    contexts = {s["build"] if isinstance(s["build"], str) else s["build"].get("context", ".")
+                for s in SERVICES.values() if ours(s)}
+    assert contexts == {"."}
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", dockerfile, re.M)
+    for line in re.findall(r"^COPY (.+)$", dockerfile, re.M):
+        for source in line.split()[:-1]:
+            if not source.startswith("--"):
+                assert (REPO / source).exists() or source == "README.md", source
+
+
+def test_depends_on_names_existing_services_with_valid_conditions():
+    for name, service in SERVICES.items():
+        for other, condition in depends_on(service).items():
+            assert other in SERVICES, f"{name} depends on unknown service {other}"
+            assert other != name
+            assert condition in ("service_started", "service_healthy", "service_completed_successfully")
+            if condition == "service_healthy":
+                assert "healthcheck" in SERVICES[other], f"{other} has no healthcheck for {name} to wait on"
+
+
+def test_named_volumes_are_declared_and_worker_data_is_not_shared():
+    declared = set(COMPOSE.get("volumes") or {})
+    owners: dict[str, str] = {}
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0] if isinstance(volume, str) else volume["source"]
+            if not source.startswith((".", "/")):
+                assert source in declared, f"{name} mounts undeclared volume {source}"
+                assert source not in owners, f"{name} and {owners.get(source)} share volume {source}"
+                owners[source] = name
+
+
+def test_faust_apps_name_modules_of_this_project():
+    apps = commands_of("faust")
+    assert apps, "no faust workers in docker-compose.yml"
+    for name, args in apps:
+        flag = "-A" if "-A" in args else "--app"
+        module = args[args.index(flag) + 1].split(":")[0]
+        assert module.startswith("streamapp."), (name, module)
+        assert importlib.util.find_spec(module) is not None, f"{name}: no module {module}"
+        assert "worker" in args
+
+
+CLI_COMMANDS = commands_of("streamapp")
+
+
+@pytest.mark.parametrize("service, args", CLI_COMMANDS, ids=[name for name, _ in CLI_COMMANDS])
+def test_streamapp_commands_are_known_to_the_cli(service, args):
+    parser = build_parser()
+    [subparsers] = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    if args[1] not in subparsers.choices:
+        pytest.fail(f"service {service} runs `streamapp {args[1]}`, which the CLI does not have "
+                    f"(it has: {', '.join(sorted(subparsers.choices))})", pytrace=False)
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        try:
+            parser.parse_args(args[1:])
+        except SystemExit as exc:
+            pytest.fail(f"service {service}: `{shlex.join(args)}` does not parse: {errors.getvalue()} ({exc})")
+
+
+def test_every_service_environment_is_valid_settings():
+    for name, service in SERVICES.items():
+        env = environment(service)
+        if ours(service):
+            settings = Settings.from_env(env)
+            host = settings.bootstrap_servers.split(":")[0]
+            assert host in SERVICES, f"{name}: STREAMAPP_BROKER names unknown host {host}"
+
+
+def test_one_worker_per_stage():
+    staged = {}
+    for name, args in commands_of("faust"):
+        stages = environment(SERVICES[name]).get("STREAMAPP_STAGES", "")
+        assert stages, f"worker {name} does not set STREAMAPP_STAGES"
+        for stage in (s.strip() for s in stages.split(",")):
+            assert stage in STAGES, f"{name}: unknown stage {stage!r}"
+            assert stage not in staged, f"stage {stage} runs in both {staged[stage]} and {name}"
+            staged[stage] = name
+    assert set(staged) == set(STAGES)
+
+
+def test_kafka_is_single_node_kraft_for_16mib_frames():
+    kafka = SERVICES["kafka"]
+    assert kafka["image"] == "apache/kafka:4.1.1"
+    env = environment(kafka)
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) >= 16 * MIB
+    assert int(env["KAFKA_REPLICA_FETCH_MAX_BYTES"]) >= 16 * MIB
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith(env["KAFKA_NODE_ID"] + "@")
+    assert "kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
