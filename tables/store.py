@@ -54,6 +54,11 @@ class JoinPartition:
     def get(self, key: bytes) -> Optional[bytes]:
         return self.db.get(key)
 
+    def close(self) -> None:
+        # The column-family handles share the database; all must go for its LOCK to be released.
+        del self._index, self._index_handle
+        self.db.close()
+
     def write(self, key: bytes, value: Optional[bytes]) -> None:
         """Put (or delete, when ``value`` is None) an entry and move its index key with it."""
         batch = rocksdict.WriteBatch(raw_mode=True)
@@ -148,11 +153,11 @@ class JoinStore(faust_rocksdb.Store):
             if tp.topic in table.changelog_topic.topics and tp.partition not in self._dbs:
                 closing = self._partitions.pop(tp.partition, None)
                 if closing is not None:
-                    closing.db.close()
+                    closing.close()
 
     async def stop(self) -> None:
-        for joined in self._partitions.values():
-            joined.db.close()
+        for partition in self._partitions.values():
+            partition.close()
         self._partitions.clear()
         await super().stop()
 

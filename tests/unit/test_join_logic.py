@@ -1,0 +1,92 @@
+"""The join decision (R1, R2) over a plain dict state: no broker, no store."""
+
+from streamapp import wire
+from streamapp.agents.join import Joiner
+from streamapp.tables.entry import Entry, EntryKind
+
+TTL_MS = 5_000
+MARKER_MS = 60_000
+JPEG = b"\xff\xd8jpeg\xff\xd9"
+
+
+class DictState(dict):
+    def put(self, key, entry):
+        self[key] = entry
+
+
+def frame(index, stream="cam", epoch=1):
+    fid = wire.FrameId(stream, epoch, index)
+    value = wire.Frame(fid, 1_700_000_000_000, 640, 480, JPEG)
+    return value, wire.encode_frame(value)
+
+
+def result(index, stream="cam", epoch=1, boxes=()):
+    fid = wire.FrameId(stream, epoch, index)
+    value = wire.Detections(fid, tuple(boxes), "color", 2.0, 640, 480)
+    return value, wire.encode_detections(value)
+
+
+def joiner():
+    return Joiner(ttl_ms=TTL_MS, marker_ttl_ms=MARKER_MS)
+
+
+def test_frame_then_result_joins_once_and_leaves_a_marker():
+    state, join = DictState(), joiner()
+    assert join.on_frame(state, *frame(7), now_ms=0) is None
+    box = wire.Box("red", 0.9, 1, 2, 3, 4)
+    joined = join.on_result(state, *result(7, boxes=[box]), now_ms=10)
+    assert joined.frame.id == wire.FrameId("cam", 1, 7)
+    assert joined.detections.boxes == (box,)
+    assert state[b"cam:1:7"] == Entry(EntryKind.JOINED, 10 + MARKER_MS)
+    assert join.counts.joined == 1
+
+
+def test_result_first_then_frame_joins():
+    state, join = DictState(), joiner()
+    assert join.on_result(state, *result(3), now_ms=0) is None
+    joined = join.on_frame(state, *frame(3), now_ms=4_999)
+    assert joined.matched and joined.frame.jpeg == JPEG
+
+
+def test_duplicates_on_both_sides_are_counted_and_never_emitted():
+    state, join = DictState(), joiner()
+    join.on_frame(state, *frame(1), now_ms=0)
+    assert join.on_frame(state, *frame(1), now_ms=1) is None
+    assert join.on_result(state, *result(1), now_ms=2) is not None
+    assert join.on_result(state, *result(1), now_ms=3) is None
+    assert join.on_frame(state, *frame(1), now_ms=4) is None
+    assert (join.counts.joined, join.counts.duplicates) == (1, 3)
+
+
+def test_expired_frame_leaves_unmatched_and_a_late_result_is_counted_late():
+    state, join = DictState(), joiner()
+    join.on_frame(state, *frame(5), now_ms=0)
+    replacement, unmatched = join.on_due(state[b"cam:1:5"], now_ms=TTL_MS)
+    assert unmatched.frame.id.index == 5 and not unmatched.matched
+    state.put(b"cam:1:5", replacement)
+    assert join.on_result(state, *result(5), now_ms=TTL_MS + 1) is None
+    assert (join.counts.unmatched_frames, join.counts.late_results) == (1, 1)
+
+
+def test_expired_result_is_an_orphan_and_is_deleted():
+    state, join = DictState(), joiner()
+    join.on_result(state, *result(9), now_ms=0)
+    replacement, unmatched = join.on_due(state[b"cam:1:9"], now_ms=TTL_MS)
+    assert replacement is None and unmatched is None
+    assert join.counts.orphan_results == 1
+
+
+def test_markers_expire_silently():
+    join = joiner()
+    assert join.on_due(Entry(EntryKind.JOINED, 0), now_ms=1) == (None, None)
+    assert join.on_due(Entry(EntryKind.EXPIRED, 0), now_ms=1) == (None, None)
+
+
+def test_epochs_and_streams_never_join_each_other():
+    state, join = DictState(), joiner()
+    join.on_frame(state, *frame(0, epoch=1), now_ms=0)
+    join.on_frame(state, *frame(0, stream="other", epoch=1), now_ms=0)
+    assert join.on_result(state, *result(0, epoch=2), now_ms=1) is None
+    assert join.on_result(state, *result(0, stream="third", epoch=1), now_ms=1) is None
+    assert join.counts.joined == 0
+    assert len(state) == 4
