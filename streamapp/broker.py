@@ -459,7 +459,7 @@ class LocalBroker:
             self._signal(pid, signal.SIGKILL)
             self._wait_exit(pid, 10.0)
             outcome = "killed"
-            self.notify(f"the broker (pid {pid}) did not stop within {timeout:.0f}s after SIGTERM; "
+            self.notify(f"the broker (pid {pid}) did not stop within {timeout:g}s after SIGTERM; "
                         f"killed it (see {self.log_file})")
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
@@ -606,7 +606,7 @@ class LocalBroker:
                 self._fail(f"the broker exited with code {code} during start")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._fail(f"the broker did not answer on {self.bootstrap} within {timeout:.0f}s")
+                self._fail(f"the broker did not answer on {self.bootstrap} within {timeout:g}s")
             if self._accepts_connections():
                 with _quiet("aiokafka"):
                     if _run_async(lambda: _answers_metadata(self.bootstrap, min(5.0, max(remaining, 0.5)))):
