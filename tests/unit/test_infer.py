@@ -38,12 +38,6 @@ def test_color_detector_recovers_ground_truth_through_resize(seed):
             boxes=tuple(dataclasses.replace(box, score=round(box.score, 4)) for box in detections.boxes))
 
 
-def test_color_detector_finds_nothing_on_the_background():
-    scene = SyntheticScene(seed=0, objects=1)
-    image = scene._background.copy()
-    assert ColorContourDetector().detect(image, FRAME_ID) == []
-
-
 @dataclasses.dataclass
 class RawBox:
     label: str
