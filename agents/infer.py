@@ -18,7 +18,8 @@ from typing import Protocol, Sequence
 import cv2
 import numpy as np
 
-from streamapp.imaging import decode_frame
+from streamapp import wire
+from streamapp.imaging import CorruptFrame, decode_frame
 from streamapp.wire import Box, Detections, Frame, FrameId
 
 
@@ -244,3 +245,29 @@ def _clip_span(start: float, end: float, limit: int) -> tuple[int, int]:
         last = min(first + 1, limit)
         first = last - 1
     return first, last
+
+
+def register(stage) -> None:
+    """Faust agent: ``frames.scaled`` -> ``detections``, detection on the pixel thread.
+
+    A detector that raises on one frame (a plugin's bug, a frame it cannot handle) costs that
+    frame a dead letter, never the worker.
+    """
+    settings, topics = stage.settings, stage.topics
+    detector = load_detector(settings.detector)
+
+    @stage.app.agent(topics.scaled, name="infer")
+    async def infer(stream):
+        async for event in stream.events():
+            try:
+                scaled = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
+                detections = await stage.offload(infer_frame, scaled, detector)
+                value = wire.encode_detections(detections)
+            except (wire.WireError, CorruptFrame) as exc:
+                await stage.dead_letters.send(event, stage="infer", reason=str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                await stage.dead_letters.send(event, stage="infer", reason=f"{detector.name}: {exc!r}")
+                continue
+            await topics.detections.send(key=scaled.id.bucket_key(settings.bucket_size), value=value)
+            stage.metrics.inc("infer_results_total")

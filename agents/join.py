@@ -93,6 +93,14 @@ class Joiner:
         return Joined(frame, result)
 
 
+def check_key(key: bytes | None, record, bucket_size: int) -> None:
+    """A record keyed other than by its bucket may sit on a partition its other side never
+    reaches: it could never join, so it is rejected rather than left to expire (R9)."""
+    expected = record.id.bucket_key(bucket_size)
+    if key != expected:
+        raise wire.WireError(f"Kafka key {key!r} is not the frame's bucket key {expected!r}")
+
+
 def now_ms() -> int:
     """Expiry runs on this worker's clock, never on producers' timestamps (R3)."""
     return int(time.time() * 1000)
@@ -125,6 +133,7 @@ def register(stage) -> None:
         async for event in stream.events():
             try:
                 record = wire.decode(event.value, max_frame_bytes=settings.max_frame_bytes)
+                check_key(event.key, record, settings.bucket_size)
                 if isinstance(record, Frame):
                     joined = joiner.on_frame(window, record, event.value, now_ms())
                 elif isinstance(record, Detections):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import cv2
 
-from streamapp.imaging import decode_frame, encode_jpeg
+from streamapp import wire
+from streamapp.imaging import CorruptFrame, decode_frame, encode_jpeg
 from streamapp.wire import Frame
 
 
@@ -29,3 +30,22 @@ def resize_frame(frame: Frame, width: int, height: int, quality: int = 90) -> Fr
         source_width=frame.source_width or frame.width,
         source_height=frame.source_height or frame.height,
     )
+
+
+def register(stage) -> None:
+    """Faust agent: ``frames`` -> ``frames.scaled``; undecodable frames are dead-lettered."""
+    settings, topics = stage.settings, stage.topics
+
+    @stage.app.agent(topics.frames, name="resize")
+    async def resize(stream):
+        async for event in stream.events():
+            try:
+                frame = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
+                scaled = await stage.offload(resize_frame, frame, settings.resize_width,
+                                             settings.resize_height, settings.jpeg_quality)
+            except (wire.WireError, CorruptFrame) as exc:
+                await stage.dead_letters.send(event, stage="resize", reason=str(exc))
+                continue
+            await topics.scaled.send(key=frame.id.bucket_key(settings.bucket_size),
+                                     value=wire.encode_frame(scaled))
+            stage.metrics.inc("resize_frames_total")

@@ -24,6 +24,7 @@ import cv2
 import numpy as np
 
 from streamapp.imaging import CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
+from streamapp import wire
 from streamapp.wire import Box, FrameId, Joined
 
 UNMATCHED_BANNER = "NO DETECTIONS (unmatched)"
@@ -334,3 +335,43 @@ def save_contact_sheet(path: str | Path, image_paths: Sequence[str | Path], colu
         raise OSError(f"cannot encode contact sheet {path}")
     _write_atomically(path, png.tobytes())
     return path
+
+
+# Frames appended to a video per call: bounds one call's time while a restarted sink catches up.
+VIDEO_STEP = 64
+
+
+def register(stage) -> None:
+    """Faust agent: ``joined`` -> annotated frame files and one video per stream run.
+
+    Frames leave the join out of order (unmatched ones a TTL later), so a missing frame is waited
+    for twice the longest a frame can take through the join before the video skips it.
+    """
+    settings = stage.settings
+    files = FrameFileSink(settings.out_dir, quality=settings.jpeg_quality)
+    videos = VideoAssemblers(settings.out_dir,
+                             gap_timeout_s=2 * (settings.join_ttl_s + settings.sweep_interval_s))
+    stage.metrics.add_gauges(lambda: {"sink_frames_written_total": files.written,
+                                      "sink_duplicates_total": files.duplicates,
+                                      "sink_videos_active": videos.active})
+
+    def write(joined: Joined) -> None:
+        if files.write(joined):
+            videos.advance(joined.frame.id, limit=VIDEO_STEP)
+
+    @stage.app.agent(stage.topics.joined, name="sink")
+    async def sink(stream):
+        async for event in stream.events():
+            try:
+                joined = wire.decode_joined(event.value, max_frame_bytes=settings.max_frame_bytes)
+                await stage.offload(write, joined)
+            except (wire.WireError, CorruptFrame) as exc:
+                await stage.dead_letters.send(event, stage="sink", reason=str(exc))
+
+    def tend_videos() -> None:
+        videos.advance_all(limit=VIDEO_STEP)
+        videos.finish_idle()
+
+    @stage.app.timer(1.0, name="sink-videos")
+    async def tend():
+        await stage.offload(tend_videos)

@@ -8,9 +8,12 @@ message-count defaults.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
 
 import faust
 
@@ -22,6 +25,7 @@ from streamapp.tables.memory import RocksMemory, shared_rocks_memory
 from streamapp.tables.window import STORE_URL
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,13 @@ class Stage:
     dead_letters: DeadLetters
     rocks_memory: RocksMemory
     buffer_records: int
+    # One thread for pixel work: decoded images exist one at a time (R7) and the event loop
+    # stays free to heartbeat while a frame is decoded, detected or drawn.
+    pixels: ThreadPoolExecutor = dataclasses.field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="pixels"))
+
+    async def offload(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
 
 
 class StreamApp(faust.App):

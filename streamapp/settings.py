@@ -16,7 +16,7 @@ from typing import Mapping
 from streamapp.units import UnitError, parse_bytes, parse_duration
 
 STAGES = ("resize", "infer", "join", "sink")
-_STREAM_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_STREAM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
 
 
@@ -48,7 +48,6 @@ class Settings:
     resize_height: int = 240
     jpeg_quality: int = 90
     detector: str = "color"
-    sink_write_jpegs: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.stages) - set(STAGES)
@@ -111,8 +110,6 @@ class Settings:
             value = getattr(self, field)
             if isinstance(value, tuple):
                 value = ",".join(value)
-            elif isinstance(value, bool):
-                value = "1" if value else "0"
             elif field.endswith("_s"):
                 value = f"{value}s"
             env[variable] = str(value)
@@ -133,15 +130,6 @@ def _int(raw: str, name: str) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name} must be a whole number") from None
-
-
-def _bool(raw: str, name: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be one of 1/0, true/false, yes/no, on/off")
 
 
 def _stages(raw: str, name: str) -> tuple[str, ...]:
@@ -175,7 +163,7 @@ def parse_resolution(raw: str, name: str = "resolution") -> tuple[int, int]:
 
 def parse_stream_id(raw: str) -> str:
     if not _STREAM_ID.match(raw):
-        raise ValueError(f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+        raise ValueError(f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
     return raw
 
 
@@ -198,5 +186,4 @@ _ENV = {
     "web_port": ("STREAMAPP_WEB_PORT", _int),
     "detector": ("STREAMAPP_DETECTOR", _text),
     "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
-    "sink_write_jpegs": ("STREAMAPP_SINK_WRITE_JPEGS", _bool),
 }

@@ -125,7 +125,6 @@ def test_a_customised_settings_round_trips_through_the_environment():
         max_frame_bytes=8 * MIB, memory_budget_bytes=512 * MIB, input_retention_s=600.0,
         input_retention_bytes=3 * 1024**3, data_dir=Path("/var/lib/streamapp"), out_dir=Path("results"),
         web_port=6067, resize_width=640, resize_height=480, jpeg_quality=75, detector="hog",
-        sink_write_jpegs=False,
     )
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings.from_env(Settings().to_env()) == Settings()
@@ -159,7 +158,6 @@ def settings(draw):
         resize_height=draw(st.integers(16, 4096)),
         jpeg_quality=draw(st.integers(1, 100)),
         detector=draw(names),
-        sink_write_jpegs=draw(st.booleans()),
     )
 
 
