@@ -77,6 +77,7 @@ def buffer_records(settings: Settings) -> int:
 
 def create_app(settings: Settings | None = None) -> StreamApp:
     settings = settings or Settings.from_env()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     records = buffer_records(settings)
     record_bytes = topic_defs.max_record_bytes(settings)
     app = StreamApp(

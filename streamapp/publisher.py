@@ -8,7 +8,7 @@ producer's default murmur2 partitioner — the same function Faust's producer us
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Iterable
+from typing import AsyncIterator, Iterable, Iterator
 
 from aiokafka import AIOKafkaProducer
 
@@ -70,3 +70,14 @@ async def paced(frames: Iterable, delay) -> AsyncIterator:
         if pause:
             await asyncio.sleep(pause)
         yield item
+
+
+def interleave(iterators: Iterable[Iterator]) -> Iterator:
+    """Round-robin over several frame iterators, as concurrent cameras would arrive."""
+    active = list(iterators)
+    while active:
+        for iterator in list(active):
+            try:
+                yield next(iterator)
+            except StopIteration:
+                active.remove(iterator)

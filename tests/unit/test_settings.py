@@ -86,7 +86,6 @@ def test_defaults_are_valid_and_empty_environment_gives_defaults():
     ("STREAMAPP_SWEEP_INTERVAL", "1 second"),
     ("STREAMAPP_INPUT_RETENTION", "1d"),
     ("STREAMAPP_PARTITIONS", "four"),
-    ("STREAMAPP_SINK_WRITE_JPEGS", "maybe"),
     ("STREAMAPP_STAGES", "resize,crop"),
     ("STREAMAPP_RESIZE", "320by240"),
     ("STREAMAPP_TOPIC_PREFIX", "bad prefix/"),

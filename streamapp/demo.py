@@ -1,0 +1,285 @@
+"""``streamapp demo``: the whole pipeline on a local broker, checked against ground truth.
+
+It starts what is missing (the broker, the topics, one worker process per stage), publishes
+synthetic streams whose true boxes are known, reads the ``joined`` topic until every frame has
+left the join, and writes the annotated videos, a contact sheet and ``summary.json``. It stops
+everything it started and succeeds only if every produced frame came out exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streamapp import wire
+from streamapp.agents.sink import VideoAssembler, frame_path, save_contact_sheet
+from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
+from streamapp.broker import LocalBroker, default_data_dir, port_in_use
+from streamapp.groundtruth import TruthBox, match_boxes
+from streamapp.publisher import FramePublisher, interleave, paced
+from streamapp.settings import STAGES, Settings
+from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+
+log = logging.getLogger(__name__)
+
+FIRST_WEB_PORT = 6166
+READY_MARKER = "Worker ready"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+    streams: int = 2
+    frames: int = 300
+    width: int = 640
+    height: int = 480
+    fps: float = 15.0  # per stream; 0 publishes as fast as possible
+    out: Path = Path("out")
+    broker_port: int = 9092
+    broker_dir: Path | None = None
+    timeout_s: float = 300.0
+
+
+class DemoFailed(RuntimeError):
+    pass
+
+
+class Worker:
+    """One ``faust -A streamapp.app worker`` process running one stage."""
+
+    def __init__(self, stage: str, settings: Settings, log_dir: Path) -> None:
+        self.stage = stage
+        self.settings = settings
+        self.log_path = log_dir / f"{stage}.log"
+        env = {**os.environ, **settings.to_env()}
+        faust = Path(sys.executable).with_name("faust")
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [str(faust), "-A", "streamapp.app", "worker", "-l", "info", "--web-port", str(settings.web_port)],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise DemoFailed(f"the {self.stage} worker exited with {self.process.returncode}; see {self.log_path}")
+        return READY_MARKER in self.log_path.read_text(errors="replace")
+
+    def stats(self) -> dict:
+        url = f"http://127.0.0.1:{self.settings.web_port}/streamapp/stats/"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s worker did not stop in %.0f s; killing it", self.stage, timeout_s)
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+
+
+@dataclasses.dataclass
+class Produced:
+    truth: dict[wire.FrameId, list[TruthBox]] = dataclasses.field(default_factory=dict)
+    started: float = 0.0
+
+
+@dataclasses.dataclass
+class Outcome:
+    seen: Counter = dataclasses.field(default_factory=Counter)
+    joined: int = 0
+    unmatched: int = 0
+    mismatches: int = 0
+    foreign: int = 0
+    ious: list[float] = dataclasses.field(default_factory=list)
+
+
+def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
+    """Run the demo; returns the summary (also written to ``<out>/summary.json``)."""
+    out = options.out.resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    run = new_epoch()
+    base = (settings or Settings.from_env()).replace(
+        topic_prefix=f"demo-{run}.", out_dir=out, stages=STAGES)
+    broker = None
+    workers: list[Worker] = []
+    try:
+        broker, base = _ensure_broker(options, base)
+        asyncio.run(ensure_topics(base))
+        for number, stage in enumerate(STAGES):
+            workers.append(Worker(stage, base.replace(
+                stages=(stage,), web_port=FIRST_WEB_PORT + number,
+                data_dir=out / ".data" / stage), out / "logs"))
+        _wait_until(lambda: all(worker.ready() for worker in workers), 120, "workers to be ready")
+        produced = asyncio.run(_produce(options, base))
+        outcome = asyncio.run(_collect(options, base, produced))
+        elapsed = time.monotonic() - produced.started
+        _wait_until(lambda: _sink_caught_up(out, produced), 60, "the sink to write every frame")
+        stats = {worker.stage: worker.stats() for worker in workers}
+        for worker in workers:
+            worker.stop()
+        summary = _summary(options, produced, outcome, stats, elapsed)
+        _write_outputs(out, produced, summary)
+    finally:
+        for worker in workers:
+            worker.stop()
+        if broker is not None:
+            broker.stop()  # its data dir, topics included, stays for the next run
+        else:
+            asyncio.run(_delete_topics(base))
+    if not summary["exactly_once"]:
+        raise DemoFailed(f"not every frame came out exactly once; see {out / 'summary.json'}")
+    return summary
+
+
+def _ensure_broker(options: DemoOptions, settings: Settings) -> tuple[LocalBroker | None, Settings]:
+    """Use a broker already listening on the port; otherwise start a local one (and own it)."""
+    address = settings.replace(broker=f"kafka://127.0.0.1:{options.broker_port}")
+    if port_in_use(options.broker_port):
+        return None, address
+    broker = LocalBroker(options.broker_dir or default_data_dir(options.broker_port), options.broker_port)
+    broker.start()
+    return broker, address
+
+
+async def _produce(options: DemoOptions, settings: Settings) -> Produced:
+    produced = Produced(started=time.monotonic())
+    epoch = new_epoch()
+    streams = [
+        synthetic_frames(f"cam{number}", epoch, options.frames, options.width, options.height,
+                         seed=number, fps=options.fps or 15.0)
+        for number in range(1, options.streams + 1)
+    ]
+    # Streams interleave frame by frame, as concurrent cameras would; the pacer runs at the
+    # combined rate.
+    pacer = Pacer(options.fps * options.streams if options.fps else None)
+    async with FramePublisher(settings) as publisher:
+        async for frame, truth in paced(interleave(streams), pacer.delay):
+            await publisher.publish(frame)
+            produced.truth[frame.id] = truth
+        await publisher.flush()
+    log.info("published %d frames", len(produced.truth))
+    return produced
+
+
+async def _collect(options: DemoOptions, settings: Settings, produced: Produced) -> Outcome:
+    """Read ``joined`` until every produced frame is out (or the timeout), judging each record."""
+    outcome = Outcome()
+    consumer = AIOKafkaConsumer(
+        topic_names(settings)["joined"], bootstrap_servers=settings.bootstrap_servers,
+        auto_offset_reset="earliest", enable_auto_commit=False,
+        max_partition_fetch_bytes=max_record_bytes(settings),
+    )
+    await consumer.start()
+    deadline = time.monotonic() + options.timeout_s
+    try:
+        while len(outcome.seen) < len(produced.truth) and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                for record in records:
+                    _judge(wire.decode_joined(record.value), produced, outcome)
+        # Anything more would be a duplicate: read a little longer to catch one.
+        for records in (await consumer.getmany(timeout_ms=1000)).values():
+            for record in records:
+                _judge(wire.decode_joined(record.value), produced, outcome)
+    finally:
+        await consumer.stop()
+    return outcome
+
+
+def _judge(joined: wire.Joined, produced: Produced, outcome: Outcome) -> None:
+    frame_id = joined.frame.id
+    truth = produced.truth.get(frame_id)
+    if truth is None:
+        outcome.foreign += 1
+        return
+    outcome.seen[frame_id] += 1
+    if outcome.seen[frame_id] > 1:
+        return
+    if not joined.matched:
+        outcome.unmatched += 1
+        return
+    outcome.joined += 1
+    if joined.detections.id != frame_id:
+        outcome.foreign += 1
+    match = match_boxes(joined.detections.boxes, truth)
+    outcome.ious.append(match.mean_iou)
+    if not match.ok:
+        outcome.mismatches += 1
+
+
+def _sink_caught_up(out: Path, produced: Produced) -> bool:
+    return all(frame_path(out, frame_id).exists() for frame_id in produced.truth)
+
+
+def _summary(options: DemoOptions, produced: Produced, outcome: Outcome, stats: dict, elapsed: float) -> dict:
+    join = stats["join"]
+    frames = len(produced.truth)
+    duplicates_out = sum(count - 1 for count in outcome.seen.values())
+    return {
+        "frames_produced": frames,
+        "results_produced": int(stats["infer"].get("infer_results_total", 0)),
+        "joined": outcome.joined,
+        "unmatched_frames": outcome.unmatched,
+        "orphan_results": int(join.get("join_orphan_results_total", 0)),
+        "late_results": int(join.get("join_late_results_total", 0)),
+        "duplicates": int(join.get("join_duplicates_total", 0)) + duplicates_out,
+        "frames_missing": frames - len(outcome.seen),
+        "foreign_records": outcome.foreign,
+        "ground_truth_mismatches": outcome.mismatches,
+        "mean_iou": round(sum(outcome.ious) / len(outcome.ious), 4) if outcome.ious else 0.0,
+        "elapsed_s": round(elapsed, 2),
+        "frames_per_s": round(frames / elapsed, 1) if elapsed else 0.0,
+        "peak_rss_mb": {stage: round(values["process_peak_resident_memory_bytes"] / 1024**2, 1)
+                        for stage, values in stats.items()},
+        "dead_lettered": {stage: int(sum(v for k, v in values.items() if k.endswith("dead_lettered_total")))
+                          for stage, values in stats.items()},
+        "exactly_once": len(outcome.seen) == frames and duplicates_out == 0 and outcome.foreign == 0,
+        "streams": options.streams,
+        "resolution": f"{options.width}x{options.height}",
+    }
+
+
+def _write_outputs(out: Path, produced: Produced, summary: dict) -> None:
+    runs = sorted({(frame_id.stream, frame_id.epoch) for frame_id in produced.truth})
+    videos = [str(VideoAssembler(out, stream, epoch).finish()) for stream, epoch in runs]
+    summary["videos"] = [str(Path(video).relative_to(out)) for video in videos if video != "None"]
+    ordered = sorted(produced.truth, key=lambda frame_id: (frame_id.index, frame_id.stream))
+    step = max(1, len(ordered) // 16)
+    save_contact_sheet(out / "contact_sheet.png", [frame_path(out, frame_id) for frame_id in ordered[::step][:16]])
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+async def _delete_topics(settings: Settings) -> None:
+    """This run's topics, from a broker the demo did not start and so must leave as it was."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        mine = [name for name in await admin.list_topics() if name.startswith(settings.topic_prefix)]
+        if mine:
+            await admin.delete_topics(mine)
+    finally:
+        await admin.close()
+
+
+def _wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise DemoFailed(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.25)
