@@ -27,7 +27,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streamapp import wire
 from streamapp.agents.sink import VideoAssembler, frame_path, save_contact_sheet
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
-from streamapp.broker import LocalBroker, default_data_dir, port_in_use
+from streamapp.broker import LocalBroker, default_data_dir, free_port, port_in_use
 from streamapp.groundtruth import TruthBox, match_boxes
 from streamapp.publisher import FramePublisher, interleave, paced
 from streamapp.settings import STAGES, Settings
@@ -35,7 +35,6 @@ from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 
 log = logging.getLogger(__name__)
 
-FIRST_WEB_PORT = 6166
 READY_MARKER = "Worker ready"
 
 
@@ -121,10 +120,9 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
     try:
         broker, base = _ensure_broker(options, base)
         asyncio.run(ensure_topics(base))
-        for number, stage in enumerate(STAGES):
+        for stage in STAGES:
             workers.append(Worker(stage, base.replace(
-                stages=(stage,), web_port=FIRST_WEB_PORT + number,
-                data_dir=out / ".data" / stage), out / "logs"))
+                stages=(stage,), web_port=free_port(), data_dir=out / ".data" / stage), out / "logs"))
         _wait_until(lambda: all(worker.ready() for worker in workers), 120, "workers to be ready")
         produced = asyncio.run(_produce(options, base))
         outcome = asyncio.run(_collect(options, base, produced))
@@ -218,7 +216,7 @@ def _judge(joined: wire.Joined, produced: Produced, outcome: Outcome) -> None:
     if joined.detections.id != frame_id:
         outcome.foreign += 1
     match = match_boxes(joined.detections.boxes, truth)
-    outcome.ious.append(match.mean_iou)
+    outcome.ious.extend(match.ious)
     if not match.ok:
         outcome.mismatches += 1
 
@@ -243,6 +241,7 @@ def _summary(options: DemoOptions, produced: Produced, outcome: Outcome, stats: 
         "foreign_records": outcome.foreign,
         "ground_truth_mismatches": outcome.mismatches,
         "mean_iou": round(sum(outcome.ious) / len(outcome.ious), 4) if outcome.ious else 0.0,
+        "min_iou": round(min(outcome.ious), 4) if outcome.ious else 0.0,
         "elapsed_s": round(elapsed, 2),
         "frames_per_s": round(frames / elapsed, 1) if elapsed else 0.0,
         "peak_rss_mb": {stage: round(values["process_peak_resident_memory_bytes"] / 1024**2, 1)
