@@ -63,7 +63,8 @@ class StreamApp(faust.App):
     streamapp_settings: Settings
 
     async def on_first_start(self) -> None:
-        created = await topic_defs.ensure_topics(self.streamapp_settings)
+        settings = self.streamapp_settings
+        created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
         if created:
             log.info("created topics: %s", ", ".join(created))
         await super().on_first_start()

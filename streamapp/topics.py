@@ -19,6 +19,7 @@ from streamapp.settings import Settings
 # Room for the wire header and Kafka's own record overhead on top of the largest JPEG.
 RECORD_OVERHEAD_BYTES = 64 * 1024
 JOIN_TABLE = "join"
+_UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 class TopicError(RuntimeError):
@@ -68,7 +69,8 @@ def changelog_config(settings: Settings) -> dict[str, str]:
     }
 
 
-def topic_specs(settings: Settings) -> list[TopicSpec]:
+def topic_specs(settings: Settings, *, with_changelog: bool = False) -> list[TopicSpec]:
+    """The pipeline's topics; the join changelog only for the worker that owns the join table."""
     names = topic_names(settings)
     bounded = {
         "cleanup.policy": "delete",
@@ -86,12 +88,13 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(names["joined"], count, bounded),
         TopicSpec(names["deadletter"], 1, {**bounded, "retention.ms": str(7 * 24 * 3600 * 1000)}),
     ]
-    if "join" in settings.stages:
+    if with_changelog:
         specs.append(TopicSpec(changelog_name(settings), count, changelog_config(settings), feeds_join=True))
     return specs
 
 
-async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
+async def ensure_topics(settings: Settings, *, with_changelog: bool = False,
+                        timeout_s: float = 30.0) -> list[str]:
     """Create missing topics, then check co-partitioning. Returns the names it created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers,
                                 request_timeout_ms=int(timeout_s * 1000))
@@ -100,7 +103,7 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
     except Exception as exc:
         raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
     try:
-        specs = topic_specs(settings)
+        specs = topic_specs(settings, with_changelog=with_changelog)
         existing = set(await admin.list_topics())
         missing = [spec for spec in specs if spec.name not in existing]
         for spec in missing:
@@ -117,14 +120,20 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
         await admin.close()
 
 
-async def partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
-    described = await admin.describe_topics(names)
-    counts = {}
-    for topic in described:
-        if topic.get("error_code"):
-            raise TopicError(f"topic {topic['topic']!r} cannot be described (error {topic['error_code']})")
-        counts[topic["topic"]] = len(topic["partitions"])
-    return counts
+async def partition_counts(admin: AIOKafkaAdminClient, names: list[str], *,
+                           attempts: int = 20) -> dict[str, int]:
+    """Partition count of each topic. A topic created a moment ago may not be in the metadata
+    yet (UNKNOWN_TOPIC_OR_PARTITION), so that error is retried for a few seconds."""
+    for attempt in range(attempts):
+        described = await admin.describe_topics(names)
+        errors = {topic["topic"]: topic["error_code"] for topic in described if topic.get("error_code")}
+        if not errors:
+            return {topic["topic"]: len(topic["partitions"]) for topic in described}
+        if set(errors.values()) != {_UNKNOWN_TOPIC_OR_PARTITION} or attempt == attempts - 1:
+            listing = ", ".join(f"{name} (error {code})" for name, code in sorted(errors.items()))
+            raise TopicError(f"topics cannot be described: {listing}")
+        await asyncio.sleep(0.25)
+    raise AssertionError("unreachable")
 
 
 def check_copartitioned(counts: dict[str, int]) -> None:
