@@ -1,0 +1,82 @@
+"""Topics on the real broker: created with their configs, and a join whose inputs disagree on
+partition counts refuses to start (R9)."""
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from streamapp.broker import free_port
+from streamapp.settings import Settings
+from streamapp.topics import TopicError, check_copartitioned, ensure_topics, topic_names
+
+
+def settings_for(bootstrap: str, **changes) -> Settings:
+    return Settings(broker=f"kafka://{bootstrap}", topic_prefix=f"t{uuid.uuid4().hex[:8]}.", **changes)
+
+
+async def topic_config(bootstrap: str, name: str) -> dict[str, str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+        [resource] = response.resources
+        return {entry[0]: entry[1] for entry in resource[4]}
+    finally:
+        await admin.close()
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+def test_topics_are_created_with_bounded_retention_and_one_frame_limit(kafka_bootstrap):
+    settings = settings_for(kafka_bootstrap, max_frame_bytes=4 * 1024**2, partitions=3)
+    created = asyncio.run(ensure_topics(settings, with_changelog=True))
+    assert len(created) == 6
+    frames = asyncio.run(topic_config(kafka_bootstrap, topic_names(settings)["frames"]))
+    assert frames["cleanup.policy"] == "delete"
+    assert int(frames["retention.bytes"]) == settings.input_retention_bytes
+    assert int(frames["max.message.bytes"]) == 4 * 1024**2 + 64 * 1024
+    changelog = asyncio.run(topic_config(kafka_bootstrap, f"{settings.group_id}-join-changelog"))
+    assert changelog["cleanup.policy"] == "compact,delete"
+    assert int(changelog["segment.ms"]) <= 60_000
+    assert asyncio.run(ensure_topics(settings, with_changelog=True)) == []
+
+
+def test_mismatched_partition_counts_are_refused_with_names_and_counts(kafka_bootstrap):
+    settings = settings_for(kafka_bootstrap, partitions=4)
+    asyncio.run(create_topic(kafka_bootstrap, topic_names(settings)["detections"], 2))
+    with pytest.raises(TopicError) as refused:
+        asyncio.run(ensure_topics(settings))
+    message = str(refused.value)
+    assert f"{topic_names(settings)['frames']}=4" in message
+    assert f"{topic_names(settings)['detections']}=2" in message
+
+
+def test_a_join_worker_refuses_to_start_on_mismatched_partitions(kafka_bootstrap, tmp_path):
+    settings = settings_for(kafka_bootstrap, partitions=4, stages=("join",), data_dir=tmp_path / "data")
+    asyncio.run(create_topic(kafka_bootstrap, topic_names(settings)["detections"], 2))
+    faust = Path(sys.executable).with_name("faust")
+    finished = subprocess.run(
+        [str(faust), "-A", "streamapp.app", "worker", "-l", "info", "--web-port", str(free_port())],
+        env={**settings.to_env(), "PATH": str(faust.parent)}, capture_output=True, text=True, timeout=120,
+    )
+    assert finished.returncode != 0
+    assert "same number of partitions" in finished.stdout + finished.stderr
+
+
+def test_check_copartitioned_accepts_equal_counts():
+    check_copartitioned({"a": 4, "b": 4})
+    with pytest.raises(TopicError):
+        check_copartitioned({"a": 4, "b": 3})
