@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 from streamapp import wire
 from streamapp.tables.entry import Entry, EntryKind
@@ -52,29 +52,31 @@ class Joiner:
 
     def on_frame(self, state: JoinState, frame: Frame, raw: bytes, now_ms: int) -> Optional[Joined]:
         self.counts.frames_in += 1
-        key = frame.id.join_key()
-        waiting = state.get(key)
-        if waiting is None:
-            state.put(key, Entry(EntryKind.FRAME, now_ms + self.ttl_ms, raw))
-            return None
-        if waiting.kind == EntryKind.RESULT:
-            return self._complete(state, key, frame, wire.decode_detections(waiting.payload), now_ms)
-        self.counts.duplicates += 1  # a second copy of a frame that is waiting or done
-        return None
+        return self._arrive(state, frame.id, EntryKind.FRAME, raw, now_ms,
+                            lambda waiting: Joined(frame, wire.decode_detections(waiting.payload)))
 
     def on_result(self, state: JoinState, result: Detections, raw: bytes, now_ms: int) -> Optional[Joined]:
         self.counts.results_in += 1
-        key = result.id.join_key()
+        return self._arrive(state, result.id, EntryKind.RESULT, raw, now_ms,
+                            lambda waiting: Joined(wire.decode_frame(waiting.payload), result))
+
+    def _arrive(self, state: JoinState, frame_id: wire.FrameId, side: bytes, raw: bytes, now_ms: int,
+                complete: Callable[[Entry], Joined]) -> Optional[Joined]:
+        """One side arrives: wait for the other, complete the pair, or count why it is dropped."""
+        key = frame_id.join_key()
         waiting = state.get(key)
         if waiting is None:
-            state.put(key, Entry(EntryKind.RESULT, now_ms + self.ttl_ms, raw))
+            state.put(key, Entry(side, now_ms + self.ttl_ms, raw))
             return None
-        if waiting.kind == EntryKind.FRAME:
-            return self._complete(state, key, wire.decode_frame(waiting.payload), result, now_ms)
-        if waiting.kind == EntryKind.EXPIRED:
+        if waiting.kind == _OTHER_SIDE[side]:
+            joined = complete(waiting)
+            state.put(key, Entry(EntryKind.JOINED, now_ms + self.marker_ttl_ms))
+            self.counts.joined += 1
+            return joined
+        if side == EntryKind.RESULT and waiting.kind == EntryKind.EXPIRED:
             self.counts.late_results += 1
         else:
-            self.counts.duplicates += 1
+            self.counts.duplicates += 1  # a repeat of a side that is waiting or already joined
         return None
 
     def on_due(self, entry: Entry, now_ms: int) -> tuple[Optional[Entry], Optional[Joined]]:
@@ -87,10 +89,8 @@ class Joiner:
             self.counts.orphan_results += 1
         return None, None
 
-    def _complete(self, state: JoinState, key: bytes, frame: Frame, result: Detections, now_ms: int) -> Joined:
-        state.put(key, Entry(EntryKind.JOINED, now_ms + self.marker_ttl_ms))
-        self.counts.joined += 1
-        return Joined(frame, result)
+
+_OTHER_SIDE = {EntryKind.FRAME: EntryKind.RESULT, EntryKind.RESULT: EntryKind.FRAME}
 
 
 def check_key(key: bytes | None, record, bucket_size: int) -> None:
