@@ -16,6 +16,11 @@ from typing import Mapping
 from streamapp.units import UnitError, parse_bytes, parse_duration
 
 STAGES = ("resize", "infer", "join", "sink")
+# What a worker does when its stream buffers are full: stop fetching, or (live video) drop the
+# oldest buffered records, counted.
+BACKPRESSURE = "backpressure"
+DROP_OLDEST = "drop-oldest"
+OVERLOAD_POLICIES = (BACKPRESSURE, DROP_OLDEST)
 _STREAM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
 
@@ -39,6 +44,9 @@ class Settings:
     done_marker_ttl_s: float = 60.0
     max_frame_bytes: int = 16 * 1024**2
     memory_budget_bytes: int = 1024**3
+    overload: str = BACKPRESSURE
+    # Bytes the worker's tables may take on disk; near it the oldest pending entries expire early.
+    disk_budget_bytes: int = 4 * 1024**3
     input_retention_s: float = 3600.0
     input_retention_bytes: int = 1024**3
     data_dir: Path = Path("data")
@@ -68,6 +76,10 @@ class Settings:
                  "STREAMAPP_MAX_FRAME_BYTES must be between 64KiB and 256MiB")
         _require(self.memory_budget_bytes >= 8 * self.max_frame_bytes,
                  "STREAMAPP_MEMORY_BUDGET must hold at least 8 frames of STREAMAPP_MAX_FRAME_BYTES")
+        _require(self.overload in OVERLOAD_POLICIES,
+                 f"STREAMAPP_OVERLOAD must be one of {', '.join(OVERLOAD_POLICIES)}")
+        _require(self.disk_budget_bytes >= 64 * 1024**2 + 4 * self.max_frame_bytes,
+                 "STREAMAPP_DISK_BUDGET must be at least 64MiB plus 4 frames of STREAMAPP_MAX_FRAME_BYTES")
         _require(1 <= self.jpeg_quality <= 100, "STREAMAPP_JPEG_QUALITY must be 1..100")
         _require(self.resize_width >= 16 and self.resize_height >= 16,
                  "STREAMAPP_RESIZE must be at least 16x16")
@@ -179,6 +191,8 @@ _ENV = {
     "done_marker_ttl_s": ("STREAMAPP_DONE_MARKER_TTL", _duration),
     "max_frame_bytes": ("STREAMAPP_MAX_FRAME_BYTES", _size),
     "memory_budget_bytes": ("STREAMAPP_MEMORY_BUDGET", _size),
+    "overload": ("STREAMAPP_OVERLOAD", _text),
+    "disk_budget_bytes": ("STREAMAPP_DISK_BUDGET", _size),
     "input_retention_s": ("STREAMAPP_INPUT_RETENTION", _duration),
     "input_retention_bytes": ("STREAMAPP_INPUT_RETENTION_BYTES", _size),
     "data_dir": ("STREAMAPP_DATA_DIR", _path),
