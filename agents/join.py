@@ -28,6 +28,30 @@ class JoinState(Protocol):
     def put(self, key: bytes, entry: Entry) -> None: ...
 
 
+class HeldWrites:
+    """A JoinState whose writes wait in ``held`` until :meth:`apply`.
+
+    The agent applies them once the joined record they imply is delivered, so a worker killed
+    in between sees the pending entry again when the input is redelivered, and emits again
+    instead of finding a "joined" marker for a record that never left (R12).
+    """
+
+    def __init__(self, state: JoinState) -> None:
+        self.state = state
+        self.held: dict[bytes, Entry] = {}
+
+    def get(self, key: bytes) -> Optional[Entry]:
+        return self.held[key] if key in self.held else self.state.get(key)
+
+    def put(self, key: bytes, entry: Entry) -> None:
+        self.held[key] = entry
+
+    def apply(self) -> None:
+        for key, entry in self.held.items():
+            self.state.put(key, entry)
+        self.held.clear()
+
+
 @dataclasses.dataclass
 class JoinCounts:
     frames_in: int = 0
@@ -101,6 +125,20 @@ def check_key(key: bytes | None, record, bucket_size: int) -> None:
         raise wire.WireError(f"Kafka key {key!r} is not the frame's bucket key {expected!r}")
 
 
+# A stored record travels to the changelog as the input plus the entry header, under its join key,
+# in a Kafka batch of its own: this much room below the record limit covers all of that.
+CHANGELOG_ROOM_BYTES = 1024
+
+
+def check_fits(value: bytes, max_record_bytes: int) -> None:
+    """A record the changelog would refuse must not enter the window: its write would fail after
+    the store changed, on every redelivery (a poison pill)."""
+    limit = max_record_bytes - CHANGELOG_ROOM_BYTES
+    if len(value) > limit:
+        raise wire.WireError(f"record of {len(value)} bytes does not fit the join window's changelog "
+                             f"(at most {limit})")
+
+
 def now_ms() -> int:
     """Expiry runs on this worker's clock, never on producers' timestamps (R3)."""
     return int(time.time() * 1000)
@@ -108,8 +146,8 @@ def now_ms() -> int:
 
 def register(stage) -> None:
     """The Faust side: one agent over frames + detections, and the sweep timer."""
-    from streamapp.tables.window import JoinWindow
-    from streamapp.topics import JOIN_TABLE, changelog_config
+    from streamapp.tables.window import DueOutcome, JoinWindow
+    from streamapp.topics import JOIN_TABLE, changelog_config, max_record_bytes
 
     settings = stage.settings
     window = JoinWindow(
@@ -123,6 +161,7 @@ def register(stage) -> None:
     joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
                     marker_ttl_ms=int(settings.done_marker_ttl_s * 1000))
     topics = stage.topics
+    record_limit = max_record_bytes(settings)
     stage.metrics.add_gauges(joiner.counts.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms()))
     both_sides = stage.app.topic(topics.frames.get_topic_name(), topics.detections.get_topic_name(),
@@ -131,29 +170,34 @@ def register(stage) -> None:
     @stage.app.agent(both_sides, name="join")
     async def join(stream):
         async for event in stream.events():
+            state = HeldWrites(window)
             try:
                 record = wire.decode(event.value, max_frame_bytes=settings.max_frame_bytes)
                 check_key(event.key, record, settings.bucket_size)
+                check_fits(event.value, record_limit)
                 if isinstance(record, Frame):
-                    joined = joiner.on_frame(window, record, event.value, now_ms())
+                    joined = joiner.on_frame(state, record, event.value, now_ms())
                 elif isinstance(record, Detections):
-                    joined = joiner.on_result(window, record, event.value, now_ms())
+                    joined = joiner.on_result(state, record, event.value, now_ms())
                 else:
                     raise wire.WireError("a joined record does not belong on the join's inputs")
             except wire.WireError as exc:
                 await stage.dead_letters.send(event, stage="join", reason=exc.reason)
                 continue
             if joined is not None:
-                await topics.joined.send(key=event.key, value=wire.encode_joined(joined))
+                delivery = await stage.dead_letters.emit(
+                    event, stage="join", topic=topics.joined, key=event.key, value=wire.encode_joined(joined))
+                if delivery is not None:
+                    await delivery
+            state.apply()
 
-    def on_due(key: bytes, entry: Entry, partition: int) -> Optional[Entry]:
+    async def on_due(key: bytes, entry: Entry, partition: int) -> DueOutcome:
         replacement, unmatched = joiner.on_due(entry, now_ms())
-        if unmatched is not None:
-            topics.joined.send_soon(
-                key=unmatched.frame.id.bucket_key(settings.bucket_size),
-                value=wire.encode_joined(unmatched),
-            )
-        return replacement
+        if unmatched is None:
+            return DueOutcome(replacement)
+        delivery = await topics.joined.send(key=unmatched.frame.id.bucket_key(settings.bucket_size),
+                                            value=wire.encode_joined(unmatched))
+        return DueOutcome(replacement, delivery)
 
     @stage.app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():

@@ -10,7 +10,8 @@ Faust table, so they are changelogged and partitioned exactly as Faust does it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Mapping, Optional
+import dataclasses
+from typing import Any, Awaitable, Callable, Mapping, Optional
 
 import faust
 from faust.stores import STORES
@@ -26,7 +27,16 @@ STORE_URL = f"{STORE_SCHEME}://"
 # a large backlog (after a long stall or restart) never blocks heartbeats or the agents.
 SWEEP_BATCH = 64
 
-DueHandler = Callable[[bytes, Entry, int], Optional[Entry]]
+
+@dataclasses.dataclass(frozen=True)
+class DueOutcome:
+    """What replaces a due entry (None deletes it), and the delivery of what it emitted, if any."""
+
+    replacement: Optional[Entry]
+    delivery: Optional[Awaitable] = None
+
+
+DueHandler = Callable[[bytes, Entry, int], Awaitable[DueOutcome]]
 
 
 class JoinWindow:
@@ -66,16 +76,18 @@ class JoinWindow:
         """Expire every entry due at ``now_ms`` in the partitions this worker owns.
 
         ``on_due(key, entry, partition)`` decides what replaces the entry (a marker, or None to
-        delete it) and may emit output; the replacement goes to the store and the changelog.
+        delete it) and may emit output. Entries change only once what they emitted is delivered:
+        a worker killed in between emits it again after restart instead of losing it (R12).
         """
         store = self.table.data
         expired = 0
         for number, partition in list(store.active_partitions()):
             while True:
                 due = partition.expired(now_ms, SWEEP_BATCH)
-                for key, value in due:
-                    replacement = on_due(key, Entry.decode(value), number)
-                    encoded = None if replacement is None else replacement.encode()
+                outcomes = [await on_due(key, Entry.decode(value), number) for key, value in due]
+                await asyncio.gather(*(outcome.delivery for outcome in outcomes if outcome.delivery))
+                for (key, _), outcome in zip(due, outcomes):
+                    encoded = None if outcome.replacement is None else outcome.replacement.encode()
                     partition.write(key, encoded)
                     self.table.send_changelog(number, key, encoded)
                 expired += len(due)
