@@ -269,5 +269,6 @@ def register(stage) -> None:
             except Exception as exc:  # noqa: BLE001 - see the docstring
                 await stage.dead_letters.send(event, stage="infer", reason=f"{detector.name}: {exc!r}")
                 continue
-            await topics.detections.send(key=scaled.id.bucket_key(settings.bucket_size), value=value)
-            stage.metrics.inc("infer_results_total")
+            if await stage.dead_letters.emit(event, stage="infer", topic=topics.detections,
+                                             key=scaled.id.bucket_key(settings.bucket_size), value=value):
+                stage.metrics.inc("infer_results_total")

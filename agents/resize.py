@@ -10,7 +10,7 @@ from __future__ import annotations
 import cv2
 
 from streamapp import wire
-from streamapp.imaging import CorruptFrame, decode_frame, encode_jpeg
+from streamapp.imaging import UNUSABLE_PIXELS, decode_frame, encode_jpeg
 from streamapp.wire import Frame
 
 
@@ -43,9 +43,10 @@ def register(stage) -> None:
                 frame = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
                 scaled = await stage.offload(resize_frame, frame, settings.resize_width,
                                              settings.resize_height, settings.jpeg_quality)
-            except (wire.WireError, CorruptFrame) as exc:
+            except (wire.WireError, *UNUSABLE_PIXELS) as exc:
                 await stage.dead_letters.send(event, stage="resize", reason=str(exc))
                 continue
-            await topics.scaled.send(key=frame.id.bucket_key(settings.bucket_size),
-                                     value=wire.encode_frame(scaled))
-            stage.metrics.inc("resize_frames_total")
+            if await stage.dead_letters.emit(event, stage="resize", topic=topics.scaled,
+                                             key=frame.id.bucket_key(settings.bucket_size),
+                                             value=wire.encode_frame(scaled)):
+                stage.metrics.inc("resize_frames_total")

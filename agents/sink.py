@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Sequence
 import cv2
 import numpy as np
 
-from streamapp.imaging import CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
+from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp import wire
 from streamapp.wire import Box, FrameId, Joined
 
@@ -365,7 +365,7 @@ def register(stage) -> None:
             try:
                 joined = wire.decode_joined(event.value, max_frame_bytes=settings.max_frame_bytes)
                 await stage.offload(write, joined)
-            except (wire.WireError, CorruptFrame) as exc:
+            except (wire.WireError, *UNUSABLE_PIXELS) as exc:
                 await stage.dead_letters.send(event, stage="sink", reason=str(exc))
 
     def tend_videos() -> None:

@@ -7,8 +7,10 @@ The value is the original bytes untouched; headers say ``reason``, ``stage`` and
 from __future__ import annotations
 
 import logging
+from typing import Awaitable, Optional
 
 import faust
+from faust.exceptions import ProducerSendError
 from faust.types import EventT
 
 from streamapp.metrics import Metrics
@@ -25,15 +27,32 @@ class DeadLetters:
         self.metrics = metrics
 
     async def send(self, event: EventT, *, stage: str, reason: str) -> None:
+        """Dead-letter ``event``: exactly one record, whatever the record is (R11)."""
         message = event.message
         log.warning("dead-lettered %s[%d]@%d in %s: %s",
                     message.topic, message.partition, message.offset, stage, reason)
-        await self.topic.send(
-            key=message.key,
-            value=message.value,
-            headers=dead_letter_headers(stage, reason, message.topic, message.partition, message.offset),
-        )
+        headers = dead_letter_headers(stage, reason, message.topic, message.partition, message.offset)
+        try:
+            # A record with neither key nor value (an empty tombstone) cannot be produced as is.
+            value = b"" if message.value is None and message.key is None else message.value
+            await self.topic.send(key=message.key, value=value, headers=headers)
+        except ProducerSendError as exc:
+            # Our headers pushed a record at the size limit over it: keep why and where it came
+            # from, the original stays at its source offset until retention.
+            await self.topic.send(key=message.key, value=b"", headers=headers + [
+                ("original_dropped", f"{len(message.value or b'')} bytes: {exc}".encode()[:MAX_REASON_BYTES]),
+            ])
         self.metrics.inc(f"{stage}_dead_lettered_total")
+
+    async def emit(self, event: EventT, *, stage: str, topic: faust.TopicT, key: bytes,
+                   value: bytes) -> Optional[Awaitable]:
+        """Send what ``event`` produced to ``topic``; returns its delivery, or None when the
+        producer refused it (too large) and ``event`` was dead-lettered instead."""
+        try:
+            return await topic.send(key=key, value=value)
+        except ProducerSendError as exc:
+            await self.send(event, stage=stage, reason=f"output to {topic.get_topic_name()} refused: {exc}")
+            return None
 
 
 def dead_letter_headers(stage: str, reason: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:

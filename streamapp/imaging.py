@@ -24,6 +24,10 @@ class CorruptFrame(ValueError):
     """JPEG bytes that cannot be decoded into the image they claim to be."""
 
 
+# What pixel work on bad input can raise: our own checks, or OpenCV's on what slips past them.
+UNUSABLE_PIXELS = (CorruptFrame, cv2.error)
+
+
 def jpeg_size(jpeg: bytes) -> tuple[int, int]:
     """(width, height) from the JPEG's start-of-frame header, without decoding any pixels."""
     if not jpeg.startswith(_START):
