@@ -80,6 +80,13 @@ class Worker:
         with urllib.request.urlopen(url, timeout=5) as response:
             return json.loads(response.read())
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown, no final commit, no flush."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._log.close()
+
     def stop(self, timeout_s: float = 20.0) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
