@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 import faust
 
 from streamapp import topics as topic_defs
+from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
 from streamapp.deadletter import DeadLetters
 from streamapp.metrics import Metrics
 from streamapp.settings import Settings
@@ -58,21 +59,37 @@ class Stage:
 
 
 class StreamApp(faust.App):
-    """A Faust app that creates and checks its topics before it consumes anything."""
+    """A Faust app that creates and checks its topics before it consumes anything, and whose
+    buffers are limited in bytes by its memory plan."""
 
     streamapp_settings: Settings
+    memory_plan: MemoryPlan
+    dropped: OverloadCounts
+    stream_buffers: list[ByteBoundedQueue]
 
     async def on_first_start(self) -> None:
         settings = self.streamapp_settings
         created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
         if created:
             log.info("created topics: %s", ", ".join(created))
+        self.producer.buffer.max_messages = self.memory_plan.send_buffer_records
         await super().on_first_start()
 
+    def FlowControlQueue(self, maxsize: int | None = None, *, clear_on_resume: bool = False) -> ByteBoundedQueue:
+        queue = ByteBoundedQueue(self.memory_plan.stream_buffer_bytes, policy=self.streamapp_settings.overload,
+                                 dropped=self.dropped, flow_control=self.flow_control,
+                                 clear_on_resume=clear_on_resume)
+        self.stream_buffers.append(queue)
+        return queue
 
-# Faust counts its stream buffers in records. A quarter of the memory budget goes to them, sized
-# for records of up to 4 MiB (a 4K JPEG is 1-3 MB). Below 32 records Faust pauses and resumes
-# partitions so often that throughput drops by a third (measured), so that is the floor.
+    def budget_gauges(self) -> dict[str, float]:
+        return {**self.memory_plan.as_metrics(), **self.dropped.as_metrics(),
+                "stream_buffer_bytes": sum(queue.bytes for queue in self.stream_buffers)}
+
+
+# Records per poll and per recovery batch are counts in Faust: a quarter of the memory budget,
+# sized for records of up to 4 MiB (a 4K JPEG is 1-3 MB), at least 32. Stream buffers are
+# limited in bytes instead (streamapp.budget).
 _BUFFERED_RECORD_BYTES = 4 * 1024**2
 _MIN_BUFFER_RECORDS = 32
 
@@ -85,7 +102,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     settings = settings or Settings.from_env()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     records = buffer_records(settings)
-    record_bytes = topic_defs.max_record_bytes(settings)
+    plan = MemoryPlan.for_settings(settings)
     app = StreamApp(
         settings.group_id,
         broker=settings.broker,
@@ -97,18 +114,21 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         topic_partitions=settings.partitions,
         topic_disable_leader=True,
         table_standby_replicas=0,
-        stream_buffer_maxsize=records,
         broker_max_poll_records=records,
-        consumer_max_fetch_size=record_bytes,
-        producer_max_request_size=record_bytes,
-        producer_max_batch_size=min(record_bytes, 1024**2),
+        consumer_max_fetch_size=plan.fetch_bytes_per_partition,
+        producer_max_request_size=topic_defs.max_record_bytes(settings),
+        producer_max_batch_size=plan.producer_batch_bytes,
         stream_wait_empty=False,
         # A killed worker's partitions move on after 10 s instead of Faust's 60 s.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,
     )
     app.streamapp_settings = settings
+    app.memory_plan = plan
+    app.dropped = OverloadCounts()
+    app.stream_buffers = []
     metrics = Metrics()
+    metrics.add_gauges(app.budget_gauges)
     names = topic_defs.topic_names(settings)
     app_topics = AppTopics(**{
         role: app.topic(name, key_serializer="raw", value_serializer="raw", partitions=None)
@@ -120,7 +140,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         topics=app_topics,
         metrics=metrics,
         dead_letters=DeadLetters(app_topics.deadletter, metrics),
-        rocks_memory=shared_rocks_memory(settings.memory_budget_bytes // 4),
+        rocks_memory=shared_rocks_memory(plan.rocksdb_bytes),
         buffer_records=records,
     )
     for name in settings.stages:

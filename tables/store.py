@@ -24,7 +24,7 @@ from faust.stores import rocksdb as faust_rocksdb
 from faust.streams import current_event
 from faust.types import TP, EventT
 
-from streamapp.tables.entry import peek_deadline
+from streamapp.tables.entry import EntryKind, peek_deadline
 from streamapp.tables.memory import RocksMemory
 
 EXPIRY_FAMILY = "expiry"
@@ -34,12 +34,19 @@ _INDEX_VALUE = struct.Struct(">cI")
 
 @dataclasses.dataclass
 class PartitionStats:
+    """Running totals of all entries, and of the pending ones (frames and results, not markers)."""
+
     entries: int = 0
     bytes: int = 0
+    pending_entries: int = 0
+    pending_bytes: int = 0
 
-    def add(self, value_length: int, sign: int) -> None:
+    def add(self, kind: bytes, value_length: int, sign: int) -> None:
         self.entries += sign
         self.bytes += sign * value_length
+        if kind in EntryKind.PENDING:
+            self.pending_entries += sign
+            self.pending_bytes += sign * value_length
 
 
 class JoinPartition:
@@ -68,7 +75,7 @@ class JoinPartition:
     def replay(self, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
         """Apply changelog records in order as one batch (recovery and standbys)."""
         batch = rocksdict.WriteBatch(raw_mode=True)
-        staged: dict[bytes, Optional[tuple[int, int]]] = {}
+        staged: dict[bytes, Optional[tuple[bytes, int, int]]] = {}
         for key, value in changes:
             old = staged[key] if key in staged else _describe(self.db.get(key))
             self._stage(batch, key, old, value)
@@ -93,33 +100,42 @@ class JoinPartition:
             return _DEADLINE.unpack_from(index_key)[0]
         return None
 
-    def _stage(self, batch, key: bytes, old: Optional[tuple[int, int]], new: Optional[bytes]) -> None:
+    def oldest_pending_deadline_ms(self) -> Optional[int]:
+        """The earliest deadline of a frame or result. Markers outlive pending entries, so the
+        scan passes only the markers stored more than (marker TTL - TTL) before that entry."""
+        for index_key, index_value in self._index.items():
+            kind, _ = _INDEX_VALUE.unpack(index_value)
+            if kind in EntryKind.PENDING:
+                return _DEADLINE.unpack_from(index_key)[0]
+        return None
+
+    def _stage(self, batch, key: bytes, old: Optional[tuple[bytes, int, int]], new: Optional[bytes]) -> None:
         if old is not None:
-            old_deadline, old_length = old
+            old_kind, old_deadline, old_length = old
             batch.delete(_DEADLINE.pack(old_deadline) + key, self._index_handle)
-            self.stats.add(old_length, -1)
+            self.stats.add(old_kind, old_length, -1)
         if new is None:
             batch.delete(key)
             return
         kind, deadline = peek_deadline(new)
         batch.put(key, new)
         batch.put(_DEADLINE.pack(deadline) + key, _INDEX_VALUE.pack(kind, len(new)), self._index_handle)
-        self.stats.add(len(new), +1)
+        self.stats.add(kind, len(new), +1)
 
     def _count(self) -> PartitionStats:
         # Bounded by what is pending (fps x TTL) plus markers, so a scan at open is cheap.
         stats = PartitionStats()
         for value in self._index.values():
-            _, length = _INDEX_VALUE.unpack(value)
-            stats.add(length, +1)
+            kind, length = _INDEX_VALUE.unpack(value)
+            stats.add(kind, length, +1)
         return stats
 
 
-def _describe(value: Optional[bytes]) -> Optional[tuple[int, int]]:
-    """(deadline, length) of a stored value: all the index needs to find and count it."""
+def _describe(value: Optional[bytes]) -> Optional[tuple[bytes, int, int]]:
+    """(kind, deadline, length) of a stored value: all the index needs to find and count it."""
     if value is None:
         return None
-    return peek_deadline(value)[1], len(value)
+    return (*peek_deadline(value), len(value))
 
 
 class JoinStore(faust_rocksdb.Store):

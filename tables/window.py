@@ -96,21 +96,28 @@ class JoinWindow:
                 await asyncio.sleep(0)
         return expired
 
-    def gauges(self, now_ms: int) -> dict[str, float]:
-        """Pending state of the owned partitions (standbys excluded), for metrics and reports."""
+    def gauges(self, now_ms: int, ttl_ms: int) -> dict[str, float]:
+        """State of the owned partitions (standbys excluded), for metrics and reports.
+
+        A pending entry was stored at its deadline minus the TTL: its age survives restarts and
+        rebalances because the deadline travels with the entry.
+        """
         store = self.table.data
-        entries = stored = 0
-        oldest: Optional[int] = None
-        for _, partition in store.active_partitions():
-            entries += partition.stats.entries
-            stored += partition.stats.bytes
-            deadline = partition.oldest_deadline_ms()
-            if deadline is not None and (oldest is None or deadline < oldest):
-                oldest = deadline
+        owned = [partition for _, partition in store.active_partitions()]
+        next_due = _earliest(partition.oldest_deadline_ms() for partition in owned)
+        oldest_pending = _earliest(partition.oldest_pending_deadline_ms() for partition in owned)
         return {
-            "join_state_entries": entries,
-            "join_state_bytes": stored,
-            "join_state_next_expiry_s": 0.0 if oldest is None else max(0.0, (oldest - now_ms) / 1000),
+            "join_state_entries": sum(partition.stats.entries for partition in owned),
+            "join_state_bytes": sum(partition.stats.bytes for partition in owned),
+            "join_pending_entries": sum(partition.stats.pending_entries for partition in owned),
+            "join_pending_bytes": sum(partition.stats.pending_bytes for partition in owned),
+            "join_oldest_pending_age_seconds":
+                0.0 if oldest_pending is None else max(0.0, (now_ms - oldest_pending + ttl_ms) / 1000),
+            "join_next_expiry_seconds": 0.0 if next_due is None else max(0.0, (next_due - now_ms) / 1000),
             "rocksdb_disk_bytes": store.disk_bytes(),
             "rocksdb_memory_bytes": self.memory.usage_bytes(),
         }
+
+
+def _earliest(deadlines: Iterable[Optional[int]]) -> Optional[int]:
+    return min((deadline for deadline in deadlines if deadline is not None), default=None)

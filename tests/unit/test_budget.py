@@ -1,0 +1,115 @@
+"""The memory budget: every buffer's share fits in it, and stream buffers are bounded in bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from mode.utils.queues import FlowControlEvent
+
+from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
+from streamapp.settings import BACKPRESSURE, DROP_OLDEST, STAGES, Settings, SettingsError
+from streamapp.topics import max_record_bytes
+
+MIB = 1024**2
+
+
+@dataclasses.dataclass
+class Message:
+    key: bytes
+    value: bytes
+
+
+class Event:
+    def __init__(self, size: int) -> None:
+        self.message = Message(b"k", b"v" * (size - 1))
+        self.acked = False
+
+    def ack(self) -> None:
+        self.acked = True
+
+
+def _planned_bytes(plan: MemoryPlan, settings: Settings) -> int:
+    fetched = settings.partitions * 3 * plan.fetch_bytes_per_partition + max_record_bytes(settings)
+    produced = (settings.partitions * 2 + 1) * 2 * plan.producer_batch_bytes
+    return plan.rocksdb_bytes + plan.stream_buffer_bytes * len(settings.stages) + fetched + produced
+
+
+@pytest.mark.parametrize("budget, frame, stages, partitions", [
+    (1024 * MIB, 16 * MIB, STAGES, 4),
+    (512 * MIB, 16 * MIB, ("join",), 4),
+    (256 * MIB, 4 * MIB, ("join",), 12),
+    (128 * MIB, 1 * MIB, ("resize", "infer"), 8),
+])
+def test_every_buffer_share_fits_in_the_budget(budget, frame, stages, partitions):
+    settings = Settings(memory_budget_bytes=budget, max_frame_bytes=frame, stages=stages, partitions=partitions)
+    plan = MemoryPlan.for_settings(settings)
+    assert _planned_bytes(plan, settings) <= budget * 0.9
+    assert plan.stream_buffer_bytes >= max_record_bytes(settings)  # one frame always fits
+
+
+def test_memory_budget_rejects_ambiguous_units():
+    with pytest.raises(SettingsError, match="ambiguous"):
+        Settings.from_env({"STREAMAPP_MEMORY_BUDGET": "512M"})
+    assert Settings.from_env({"STREAMAPP_MEMORY_BUDGET": "512MiB"}).memory_budget_bytes == 512 * MIB
+
+
+def test_overload_policy_is_checked():
+    with pytest.raises(SettingsError, match="STREAMAPP_OVERLOAD"):
+        Settings.from_env({"STREAMAPP_OVERLOAD": "drop"})
+
+
+def _queue(limit: int, policy: str) -> tuple[ByteBoundedQueue, OverloadCounts]:
+    dropped = OverloadCounts()
+    flow = FlowControlEvent(initially_suspended=False)
+    return ByteBoundedQueue(limit, policy=policy, dropped=dropped, flow_control=flow), dropped
+
+
+def test_queue_size_is_its_bytes_and_full_means_over_the_limit():
+    queue, _ = _queue(1000, BACKPRESSURE)
+    for _ in range(3):
+        queue.force_put_nowait(Event(300))
+    assert queue.qsize() == 900 and not queue.full()
+    queue.force_put_nowait(Event(300))
+    assert queue.full()  # the conductor now waits, so nothing more is fetched
+    queue.get_nowait()
+    assert queue.qsize() == 900 and not queue.full()
+
+
+def test_backpressure_pauses_the_partition_on_bytes_and_resumes_when_drained():
+    queue, _ = _queue(1000, BACKPRESSURE)
+    calls = []
+
+    def put(size):
+        queue.put_nowait_enhanced(Event(size), on_pressure_high=lambda: calls.append("pause"),
+                                  on_pressure_drop=lambda: calls.append("resume"))
+
+    put(500)
+    put(400)  # 500 bytes queued: under 80 % of the limit
+    assert calls == []
+    put(10)  # 900 bytes queued: over 80 %
+    assert calls == ["pause"]
+    while not queue.empty():
+        asyncio.run(queue.get())
+    asyncio.run(_get_with_timeout(queue))
+    assert calls == ["pause", "resume"]
+
+
+async def _get_with_timeout(queue):
+    try:
+        await asyncio.wait_for(queue.get(), 0.01)
+    except asyncio.TimeoutError:
+        pass
+
+
+def test_drop_oldest_makes_room_acks_and_counts_what_it_dropped():
+    queue, dropped = _queue(1000, DROP_OLDEST)
+    events = [Event(300) for _ in range(10)]
+    for event in events:
+        queue.put_nowait_enhanced(event, on_pressure_high=pytest.fail, on_pressure_drop=lambda: None)
+        assert not queue.full() and queue.qsize() <= 1000
+    assert queue.qsize() == 900
+    assert [event.acked for event in events] == [True] * 7 + [False] * 3
+    assert dropped.as_metrics() == {"budget_dropped_records_total": 7, "budget_dropped_bytes_total": 2100}
+    assert queue.get_nowait() is events[7]  # the newest stay
