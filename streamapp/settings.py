@@ -25,6 +25,11 @@ _STREAM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
 
 
+# Faust's names; docs/exactly-once.md says how exactly-once fared when workers were killed.
+AT_LEAST_ONCE = "at_least_once"
+PROCESSING_GUARANTEES = (AT_LEAST_ONCE, "exactly_once")
+
+
 class SettingsError(ValueError):
     """A setting that is missing, malformed or inconsistent with another."""
 
@@ -56,6 +61,7 @@ class Settings:
     resize_height: int = 240
     jpeg_quality: int = 90
     detector: str = "color"
+    processing_guarantee: str = AT_LEAST_ONCE
 
     def __post_init__(self) -> None:
         unknown = set(self.stages) - set(STAGES)
@@ -84,6 +90,8 @@ class Settings:
         _require(self.resize_width >= 16 and self.resize_height >= 16,
                  "STREAMAPP_RESIZE must be at least 16x16")
         _require(0 < self.web_port < 65536, "STREAMAPP_WEB_PORT must be a TCP port")
+        _require(self.processing_guarantee in PROCESSING_GUARANTEES,
+                 f"STREAMAPP_PROCESSING_GUARANTEE must be one of {', '.join(PROCESSING_GUARANTEES)}")
 
     @property
     def group_id(self) -> str:
@@ -200,4 +208,5 @@ _ENV = {
     "web_port": ("STREAMAPP_WEB_PORT", _int),
     "detector": ("STREAMAPP_DETECTOR", _text),
     "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
+    "processing_guarantee": ("STREAMAPP_PROCESSING_GUARANTEE", _text),
 }
