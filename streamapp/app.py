@@ -122,6 +122,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         # A killed worker's partitions move on after 10 s instead of Faust's 60 s.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,
+        processing_guarantee=settings.processing_guarantee,
     )
     app.streamapp_settings = settings
     app.memory_plan = plan
