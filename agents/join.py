@@ -16,6 +16,7 @@ import time
 from typing import Callable, Optional, Protocol
 
 from streamapp import wire
+from streamapp.metrics import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.wire import Detections, Frame, Joined
 
@@ -73,6 +74,9 @@ class Joiner:
     ttl_ms: int
     marker_ttl_ms: int
     counts: JoinCounts = dataclasses.field(default_factory=JoinCounts)
+    # How long the first side waited for the second, on the join's clock: the part of the
+    # end-to-end delay the join adds, independent of the producers' clocks.
+    latency: Histogram = dataclasses.field(default_factory=lambda: Histogram(JOIN_LATENCY_BOUNDS))
 
     def on_frame(self, state: JoinState, frame: Frame, raw: bytes, now_ms: int) -> Optional[Joined]:
         self.counts.frames_in += 1
@@ -96,6 +100,7 @@ class Joiner:
             joined = complete(waiting)
             state.put(key, Entry(EntryKind.JOINED, now_ms + self.marker_ttl_ms))
             self.counts.joined += 1
+            self.latency.observe(max(0, now_ms - (waiting.deadline_ms - self.ttl_ms)) / 1000)
             return joined
         if side == EntryKind.RESULT and waiting.kind == EntryKind.EXPIRED:
             self.counts.late_results += 1
@@ -159,11 +164,12 @@ def register(stage) -> None:
         recovery_buffer_size=stage.buffer_records,
     )
     joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
-                    marker_ttl_ms=int(settings.done_marker_ttl_s * 1000))
+                    marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),
+                    latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
     topics = stage.topics
     record_limit = max_record_bytes(settings)
     stage.metrics.add_gauges(joiner.counts.as_metrics)
-    stage.metrics.add_gauges(lambda: window.gauges(now_ms()))
+    stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
     both_sides = stage.app.topic(topics.frames.get_topic_name(), topics.detections.get_topic_name(),
                                  key_serializer="raw", value_serializer="raw")
 

@@ -1,23 +1,120 @@
-"""Counters and gauges of one worker process, served as JSON on the worker's web port.
+"""Counters, gauges and histograms of one worker process: one registry, two views.
 
-Counters count outcomes (every record ends in exactly one); gauges are read when asked, from
-providers registered by the stages (join state, RocksDB) plus the process itself (RSS, gc).
+:meth:`Metrics.snapshot` is the registry's state as Prometheus samples (``name`` or
+``name{label="value"}`` -> value). The worker serves it as JSON on ``/streamapp/stats/`` and as
+Prometheus text on ``/metrics`` (:func:`prometheus_text`), so the two always agree.
+
+Counters count outcomes (every record ends in exactly one) and end in ``_total``; gauges are read
+when asked, from providers registered by the stages (join state, RocksDB, consumer lag) plus the
+process itself (RSS, gc); histograms are named in seconds and built here.
 """
 
 from __future__ import annotations
 
+import bisect
 import gc
+import math
 import resource
 import time
 from collections import Counter
-from typing import Callable
+from typing import Callable, Iterable, Mapping, Sequence
 
-GaugeProvider = Callable[[], dict[str, float]]
+from faust.exceptions import ConsumerNotStarted
+
+GaugeProvider = Callable[[], Mapping[str, float]]
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Seconds: from a fast local join to the default 5 s TTL and beyond (a TTL raised by the user).
+JOIN_LATENCY_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Seconds: colour detector (~1 ms) to HOG on large frames (~500 ms).
+INFER_LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+# One line per metric family: the Prometheus HELP text, and the table in docs/operations.md.
+HELP: dict[str, str] = {
+    "resize_frames_in_total": "Frames the resize stage consumed.",
+    "resize_frames_out_total": "Scaled frames the resize stage produced.",
+    "infer_frames_in_total": "Scaled frames the infer stage consumed.",
+    "infer_results_total": "Detection results the infer stage produced.",
+    "infer_latency_seconds": "Detector time per frame, as reported in each result.",
+    "join_frames_in_total": "Original frames the join consumed.",
+    "join_results_in_total": "Detection results the join consumed.",
+    "join_joined_total": "Frames emitted with their result.",
+    "join_unmatched_frames_total": "Frames emitted without a result after the TTL.",
+    "join_orphan_results_total": "Results dropped because no frame came within the TTL.",
+    "join_late_results_total": "Results dropped because their frame had already left unmatched.",
+    "join_duplicates_total": "Repeated frames or results dropped at the join.",
+    "join_latency_seconds": "Time the first side of a key waited in the join window for the other.",
+    "join_state_entries": "Entries in the join window (pending sides and done markers).",
+    "join_state_bytes": "Bytes of the entries in the join window.",
+    "join_pending_entries": "Frames and results waiting for their other side.",
+    "join_pending_bytes": "Bytes of the frames and results waiting for their other side.",
+    "join_oldest_pending_age_seconds": "How long the oldest waiting frame or result has waited.",
+    "join_next_expiry_seconds": "Time until the next entry of the join window is due.",
+    "rocksdb_disk_bytes": "Bytes of the join window's RocksDB files on disk.",
+    "rocksdb_memory_bytes": "Bytes of RocksDB's shared block cache and memtables.",
+    "sink_records_in_total": "Joined records the sink consumed.",
+    "sink_frames_written_total": "Annotated frames the sink wrote.",
+    "sink_duplicates_total": "Joined records the sink skipped because the frame was already written.",
+    "sink_videos_active": "Stream runs whose video the sink is assembling.",
+    "preview_streams": "Streams whose latest annotated frame the preview holds.",
+    "preview_bytes": "Bytes of the annotated frames the preview holds.",
+    "preview_streams_evicted_total": "Streams dropped from the preview to stay within its byte budget.",
+    "resize_dead_lettered_total": "Records the resize stage sent to the dead-letter topic.",
+    "infer_dead_lettered_total": "Records the infer stage sent to the dead-letter topic.",
+    "join_dead_lettered_total": "Records the join sent to the dead-letter topic.",
+    "sink_dead_lettered_total": "Records the sink sent to the dead-letter topic.",
+    "kafka_consumer_lag_records": "Records in a partition after the worker's last committed offset.",
+    "process_resident_memory_bytes": "Resident memory of the worker now.",
+    "process_peak_resident_memory_bytes": "Highest resident memory of the worker so far.",
+    "memory_budget_bytes": "The worker's memory budget (STREAMAPP_MEMORY_BUDGET).",
+    "memory_budget_used_ratio": "Resident memory as a fraction of the memory budget.",
+    "gc_collections_total": "Collections by Python's cyclic garbage collector, all generations.",
+    "gc_seconds_total": "Time spent in Python's cyclic garbage collector.",
+}
+
+
+def sample_name(family: str, **labels: object) -> str:
+    """``family{label="value",...}``: how a labelled sample is keyed in a snapshot."""
+    if not labels:
+        return family
+    escaped = (str(value).replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
+               for value in labels.values())
+    return family + "{" + ",".join(f'{name}="{value}"' for name, value in zip(labels, escaped)) + "}"
+
+
+def family_of(sample: str) -> str:
+    return sample.partition("{")[0]
+
+
+class Histogram:
+    """Observed values in cumulative buckets, as Prometheus histograms are exposed."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(sorted(bounds))
+        self._bucket_counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self._bucket_counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def samples(self, family: str) -> dict[str, float]:
+        values: dict[str, float] = {}
+        cumulative = 0
+        for bound, count in zip((*self.bounds, math.inf), self._bucket_counts):
+            cumulative += count
+            values[sample_name(f"{family}_bucket", le=_format_number(bound))] = cumulative
+        values[f"{family}_sum"] = round(self.sum, 6)
+        values[f"{family}_count"] = self.count
+        return values
 
 
 class Metrics:
     def __init__(self) -> None:
         self.counters: Counter[str] = Counter()
+        self.histograms: dict[str, Histogram] = {}
         self._providers: list[GaugeProvider] = []
         self._gc_seconds = 0.0
         self._gc_started = 0.0
@@ -26,8 +123,17 @@ class Metrics:
     def inc(self, name: str, amount: int = 1) -> None:
         self.counters[name] += amount
 
+    def declare(self, *names: str) -> None:
+        """Counters shown at 0 before their first event, so rates and alerts see them from start."""
+        for name in names:
+            self.counters.setdefault(name, 0)
+
     def add_gauges(self, provider: GaugeProvider) -> None:
         self._providers.append(provider)
+
+    def histogram(self, family: str, bounds: Sequence[float]) -> Histogram:
+        histogram = self.histograms[family] = Histogram(bounds)
+        return histogram
 
     def snapshot(self) -> dict[str, float]:
         values: dict[str, float] = dict(self.counters)
@@ -35,13 +141,56 @@ class Metrics:
         values["gc_seconds_total"] = round(self._gc_seconds, 6)
         for provider in self._providers:
             values.update(provider())
+        for family, histogram in self.histograms.items():
+            values.update(histogram.samples(family))
         return values
+
+    def prometheus_text(self) -> str:
+        return prometheus_text(self.snapshot(), self.histograms)
 
     def _time_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._gc_started = time.perf_counter()
         else:
             self._gc_seconds += time.perf_counter() - self._gc_started
+
+
+def prometheus_text(samples: Mapping[str, float], histograms: Iterable[str] = ()) -> str:
+    """Samples in the Prometheus text exposition format (version 0.0.4), one family per block."""
+    histograms = set(histograms)
+    families: dict[str, list[str]] = {}
+    for sample, value in sorted(samples.items()):
+        families.setdefault(_histogram_family(sample, histograms) or family_of(sample), []).append(
+            f"{sample} {_format_number(value)}")
+    lines = []
+    for family, family_samples in families.items():
+        if family in HELP:
+            lines.append(f"# HELP {family} {HELP[family]}")
+        lines.append(f"# TYPE {family} {_type_of(family, histograms)}")
+        lines.extend(family_samples)
+    return "\n".join(lines) + "\n"
+
+
+def _histogram_family(sample: str, histograms: set[str]) -> str | None:
+    name = family_of(sample)
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and name.removesuffix(suffix) in histograms:
+            return name.removesuffix(suffix)
+    return None
+
+
+def _type_of(family: str, histograms: set[str]) -> str:
+    if family in histograms:
+        return "histogram"
+    return "counter" if family.endswith("_total") else "gauge"
+
+
+def _format_number(value: float) -> str:
+    if value == math.inf:
+        return "+Inf"
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
 
 
 def rss_bytes() -> int:
@@ -56,3 +205,29 @@ def process_gauges() -> dict[str, float]:
         "process_peak_resident_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "gc_collections_total": sum(generation["collections"] for generation in gc.get_stats()),
     }
+
+
+def memory_budget_gauges(budget_bytes: int) -> dict[str, float]:
+    return {"memory_budget_bytes": budget_bytes,
+            "memory_budget_used_ratio": round(rss_bytes() / budget_bytes, 4)}
+
+
+def consumer_lag_gauges(app) -> dict[str, float]:
+    """Per assigned partition: log end offset minus the offset this worker last committed.
+
+    Partitions appear from their first commit on (Faust's monitor records commits); the end
+    offset is the high watermark of the consumer's latest fetch.
+    """
+    consumer = app.consumer
+    committed = app.monitor.tp_committed_offsets
+    values: dict[str, float] = {}
+    try:
+        assigned = consumer.assignment()
+    except ConsumerNotStarted:
+        return values
+    for tp in sorted(assigned):
+        end, position = consumer.highwater(tp), committed.get(tp)
+        if end is not None and position is not None:
+            values[sample_name("kafka_consumer_lag_records", topic=tp.topic, partition=tp.partition)] = \
+                max(0, end - position)
+    return values
