@@ -66,10 +66,18 @@ HELP: dict[str, str] = {
     "kafka_consumer_lag_records": "Records in a partition after the worker's last committed offset.",
     "process_resident_memory_bytes": "Resident memory of the worker now.",
     "process_peak_resident_memory_bytes": "Highest resident memory of the worker so far.",
-    "memory_budget_bytes": "The worker's memory budget (STREAMAPP_MEMORY_BUDGET).",
     "memory_budget_used_ratio": "Resident memory as a fraction of the memory budget.",
     "gc_collections_total": "Collections by Python's cyclic garbage collector, all generations.",
     "gc_seconds_total": "Time spent in Python's cyclic garbage collector.",
+    "budget_budget_bytes": "The worker's memory budget (STREAMAPP_MEMORY_BUDGET).",
+    "budget_rocksdb_bytes": "Share of the budget for RocksDB's block cache and memtables.",
+    "budget_stream_buffer_bytes": "Byte limit of each agent's stream buffer.",
+    "budget_fetch_bytes_per_partition": "Bytes the consumer asks for per partition per fetch.",
+    "budget_producer_batch_bytes": "Largest producer batch per partition.",
+    "budget_send_buffer_records": "Records that may wait in the producer's send buffer.",
+    "stream_buffer_bytes": "Bytes waiting in the stream buffers between the consumer and the agents.",
+    "budget_dropped_records_total": "Buffered records dropped to stay in budget (drop-oldest only).",
+    "budget_dropped_bytes_total": "Bytes of the buffered records dropped to stay in budget.",
 }
 
 
@@ -208,8 +216,7 @@ def process_gauges() -> dict[str, float]:
 
 
 def memory_budget_gauges(budget_bytes: int) -> dict[str, float]:
-    return {"memory_budget_bytes": budget_bytes,
-            "memory_budget_used_ratio": round(rss_bytes() / budget_bytes, 4)}
+    return {"memory_budget_used_ratio": round(rss_bytes() / budget_bytes, 4)}
 
 
 def consumer_lag_gauges(app) -> dict[str, float]:
