@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 
 from streamapp import wire
+from streamapp.metrics import INFER_LATENCY_BOUNDS
 from streamapp.imaging import CorruptFrame, decode_frame
 from streamapp.wire import Box, Detections, Frame, FrameId
 
@@ -255,14 +256,17 @@ def register(stage) -> None:
     """
     settings, topics = stage.settings, stage.topics
     detector = load_detector(settings.detector)
+    latency = stage.metrics.histogram("infer_latency_seconds", INFER_LATENCY_BOUNDS)
 
     @stage.app.agent(topics.scaled, name="infer")
     async def infer(stream):
         async for event in stream.events():
+            stage.metrics.inc("infer_frames_in_total")
             try:
                 scaled = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
                 detections = await stage.offload(infer_frame, scaled, detector)
                 value = wire.encode_detections(detections)
+                latency.observe(detections.latency_ms / 1000)
             except (wire.WireError, CorruptFrame) as exc:
                 await stage.dead_letters.send(event, stage="infer", reason=str(exc))
                 continue

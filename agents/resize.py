@@ -39,6 +39,7 @@ def register(stage) -> None:
     @stage.app.agent(topics.frames, name="resize")
     async def resize(stream):
         async for event in stream.events():
+            stage.metrics.inc("resize_frames_in_total")
             try:
                 frame = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
                 scaled = await stage.offload(resize_frame, frame, settings.resize_width,
@@ -49,4 +50,4 @@ def register(stage) -> None:
             if await stage.dead_letters.emit(event, stage="resize", topic=topics.scaled,
                                              key=frame.id.bucket_key(settings.bucket_size),
                                              value=wire.encode_frame(scaled)):
-                stage.metrics.inc("resize_frames_total")
+                stage.metrics.inc("resize_frames_out_total")
