@@ -125,7 +125,7 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
     broker = None
     workers: list[Worker] = []
     try:
-        broker, base = _ensure_broker(options, base)
+        broker, base = ensure_broker(options, base)
         asyncio.run(ensure_topics(base))
         for stage in STAGES:
             workers.append(Worker(stage, base.replace(
@@ -152,7 +152,7 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
     return summary
 
 
-def _ensure_broker(options: DemoOptions, settings: Settings) -> tuple[LocalBroker | None, Settings]:
+def ensure_broker(options: DemoOptions, settings: Settings) -> tuple[LocalBroker | None, Settings]:
     """Use a broker already listening on the port; otherwise start a local one (and own it)."""
     address = settings.replace(broker=f"kafka://127.0.0.1:{options.broker_port}")
     if port_in_use(options.broker_port):
