@@ -114,6 +114,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         topic_partitions=settings.partitions,
         topic_disable_leader=True,
         table_standby_replicas=0,
+        topic_replication_factor=settings.replication_factor,
         broker_max_poll_records=records,
         consumer_max_fetch_size=plan.fetch_bytes_per_partition,
         producer_max_request_size=topic_defs.max_record_bytes(settings),

@@ -62,6 +62,10 @@ class Settings:
     jpeg_quality: int = 90
     detector: str = "color"
     processing_guarantee: str = AT_LEAST_ONCE
+    # Copies of every topic partition, changelogs included: 3 on a three-broker cluster.
+    replication_factor: int = 1
+    # Latest annotated frame per stream kept for the sink's live preview page; 0 turns it off.
+    preview_bytes: int = 32 * 1024**2
 
     def __post_init__(self) -> None:
         unknown = set(self.stages) - set(STAGES)
@@ -73,6 +77,8 @@ class Settings:
             raise SettingsError(f"STREAMAPP_TOPIC_PREFIX: {self.topic_prefix!r} is not a valid topic prefix")
         _require(self.partitions >= 1, "STREAMAPP_PARTITIONS must be >= 1")
         _require(self.bucket_size >= 1, "STREAMAPP_BUCKET_SIZE must be >= 1")
+        _require(self.replication_factor >= 1, "STREAMAPP_REPLICATION_FACTOR must be >= 1")
+        _require(self.preview_bytes >= 0, "STREAMAPP_PREVIEW_BYTES must be >= 0")
         _require(self.join_ttl_s > 0, "STREAMAPP_JOIN_TTL must be > 0")
         _require(0 < self.sweep_interval_s <= self.join_ttl_s,
                  "STREAMAPP_SWEEP_INTERVAL must be > 0 and no longer than the join TTL")
@@ -209,4 +215,6 @@ _ENV = {
     "detector": ("STREAMAPP_DETECTOR", _text),
     "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
     "processing_guarantee": ("STREAMAPP_PROCESSING_GUARANTEE", _text),
+    "replication_factor": ("STREAMAPP_REPLICATION_FACTOR", _int),
+    "preview_bytes": ("STREAMAPP_PREVIEW_BYTES", _size),
 }

@@ -109,7 +109,8 @@ async def ensure_topics(settings: Settings, *, with_changelog: bool = False,
         for spec in missing:
             try:
                 await admin.create_topics(
-                    [NewTopic(spec.name, spec.partitions, 1, topic_configs=spec.config)]
+                    [NewTopic(spec.name, spec.partitions, settings.replication_factor,
+                              topic_configs=spec.config)]
                 )
             except TopicAlreadyExistsError:
                 pass  # another worker created it between our listing and now
