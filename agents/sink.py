@@ -24,7 +24,8 @@ import cv2
 import numpy as np
 
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
-from streamapp import wire
+from streamapp import preview, wire
+from streamapp.preview import LatestFrames
 from streamapp.wire import Box, FrameId, Joined
 
 UNMATCHED_BANNER = "NO DETECTIONS (unmatched)"
@@ -125,13 +126,18 @@ class FrameFileSink:
 
     def write(self, joined: Joined) -> bool:
         """True if the frame was written, False if it was already there. Raises CorruptFrame."""
+        return self.write_annotated(joined) is not None
+
+    def write_annotated(self, joined: Joined) -> bytes | None:
+        """The annotated JPEG written, or None if the frame was already there. Raises CorruptFrame."""
         path = self.path_for(joined.frame.id)
         if path.exists():
             self.duplicates += 1
-            return False
-        _write_atomically(path, annotate(joined, self.quality))
+            return None
+        jpeg = annotate(joined, self.quality)
+        _write_atomically(path, jpeg)
         self.written += 1
-        return True
+        return jpeg
 
     @property
     def counters(self) -> dict[str, int]:
@@ -354,14 +360,19 @@ def register(stage) -> None:
     stage.metrics.add_gauges(lambda: {"sink_frames_written_total": files.written,
                                       "sink_duplicates_total": files.duplicates,
                                       "sink_videos_active": videos.active})
+    latest = LatestFrames(settings.preview_bytes)
+    preview.register(stage, latest)
 
     def write(joined: Joined) -> None:
-        if files.write(joined):
+        jpeg = files.write_annotated(joined)
+        if jpeg is not None:
+            latest.show(joined, jpeg)
             videos.advance(joined.frame.id, limit=VIDEO_STEP)
 
     @stage.app.agent(stage.topics.joined, name="sink")
     async def sink(stream):
         async for event in stream.events():
+            stage.metrics.inc("sink_records_in_total")
             try:
                 joined = wire.decode_joined(event.value, max_frame_bytes=settings.max_frame_bytes)
                 await stage.offload(write, joined)
