@@ -157,7 +157,8 @@ def create_app(settings: Settings | None = None) -> StreamApp:
 
     @app.page("/metrics")
     async def prometheus(web, request):
-        return web.bytes(metrics.prometheus_text().encode(), content_type=PROMETHEUS_CONTENT_TYPE)
+        # As a header: aiohttp refuses a content_type argument that names a charset.
+        return web.bytes(metrics.prometheus_text().encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
     return app
 
