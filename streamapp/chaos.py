@@ -1,0 +1,369 @@
+"""``streamapp bench chaos``: SIGKILL stages at random moments under load, restart them, count.
+
+One worker process per stage runs on its own topics (prefix ``chaos-<run>.``) while synthetic
+streams are published at a steady rate. Every few seconds a random stage is killed with SIGKILL
+and restarted at once; every other kill of the join also deletes its RocksDB store, so it must
+recover from the changelog alone. When the kills are done the source stops, and the report
+compares what was produced with what came out:
+
+* ``lost``: produced frames without a frame file at the sink (must be 0);
+* ``sink_duplicates``: frames the sink wrote more than once (must be 0), and
+  ``joined_redelivered``: extra copies in the ``joined`` topic that the idempotent sink absorbed;
+* ``recovery``: per kill, seconds until the new process was ready and until it processed again.
+
+A restarted worker rejoins its consumer group only after the killed member's session times out
+(10 s), so recovery is about that long by design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import shutil
+import statistics
+import time
+import urllib.error
+from collections import Counter
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from streamapp import wire
+from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
+from streamapp.agents.sink import frame_path
+from streamapp.broker import DEFAULT_PORT, free_port
+from streamapp.demo import DemoFailed, DemoOptions, Worker, ensure_broker
+from streamapp.publisher import FramePublisher, interleave, paced
+from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings
+from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.units import parse_duration
+
+POLL_S = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class ChaosOptions:
+    kills: int = 20
+    stages: tuple[str, ...] = STAGES
+    streams: int = 2
+    fps: float = 10.0  # per stream
+    width: int = 320
+    height: int = 240
+    pause_s: tuple[float, float] = (2.0, 6.0)  # after a restarted stage works again, before the next kill
+    wipe_join_store_every: int = 2  # 0 never deletes the join's store
+    join_ttl_s: float = 30.0
+    processing_guarantee: str = "at_least_once"
+    seed: int = 0
+    out: Path = Path("out/chaos")
+    broker_port: int = DEFAULT_PORT
+    recovery_timeout_s: float = 120.0
+    settle_timeout_s: float = 300.0
+
+
+@dataclasses.dataclass
+class Kill:
+    stage: str
+    at_s: float
+    store_wiped: bool
+    ready_s: float | None = None
+    processing_s: float | None = None
+
+
+class Pipeline:
+    """One worker process per stage; a stage can be killed and started again."""
+
+    def __init__(self, settings: Settings, out: Path) -> None:
+        self.settings = settings
+        self.out = out
+        self.workers: dict[str, Worker] = {}
+        self.starts: Counter = Counter()
+
+    def stage_settings(self, stage: str) -> Settings:
+        return self.settings.replace(stages=(stage,), web_port=free_port(), data_dir=self.data_dir(stage))
+
+    def data_dir(self, stage: str) -> Path:
+        return self.out / ".data" / stage
+
+    def start(self, stage: str) -> Worker:
+        self.starts[stage] += 1
+        log_dir = self.out / "logs" / f"{stage}-{self.starts[stage]:02d}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.workers[stage] = Worker(stage, self.stage_settings(stage), log_dir)
+        return self.workers[stage]
+
+    def kill(self, stage: str, *, wipe_store: bool = False) -> None:
+        self.workers[stage].kill()
+        if wipe_store:
+            shutil.rmtree(self.data_dir(stage), ignore_errors=True)
+
+    def stop(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+
+
+def processed(worker: Worker) -> float:
+    """Records this process has handled so far: the sum of its stage's counters."""
+    try:
+        stats = worker.stats()
+    except (OSError, urllib.error.URLError, ValueError):
+        return 0.0  # the web server is not up yet
+    prefix = f"{worker.stage}_"
+    return sum(value for name, value in stats.items() if name.startswith(prefix) and name.endswith("_total"))
+
+
+async def wait_for(condition, timeout_s: float) -> float | None:
+    """Seconds until ``condition()`` held, or None after the timeout."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        if condition():
+            return time.monotonic() - began
+        await asyncio.sleep(POLL_S)
+    return None
+
+
+class Source:
+    """Publishes endless synthetic streams at a steady rate until stopped; remembers every id."""
+
+    def __init__(self, options: ChaosOptions, settings: Settings) -> None:
+        self.options = options
+        self.settings = settings
+        self.produced: set[wire.FrameId] = set()
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        epoch = new_epoch()
+        streams = [synthetic_frames(f"cam{number}", epoch, None, self.options.width, self.options.height,
+                                    seed=number, fps=self.options.fps)
+                   for number in range(1, self.options.streams + 1)]
+        pacer = Pacer(self.options.fps * self.options.streams)
+        async with FramePublisher(self.settings) as publisher:
+            async for frame, _ in paced(interleave(streams), pacer.delay):
+                if self.stopping.is_set():
+                    break
+                await publisher.publish(frame)
+                self.produced.add(frame.id)
+            await publisher.flush()
+
+
+class ChaosRun:
+    def __init__(self, options: ChaosOptions, files: FrameFiles) -> None:
+        self.options = options
+        self.files = files
+        self.random = random.Random(options.seed)
+        self.kills: list[Kill] = []
+        self.join_kills = 0
+
+    async def run(self, pipeline: Pipeline, source: Source) -> None:
+        began = time.monotonic()
+        producing = asyncio.create_task(source.run())
+        try:
+            order = self._kill_order()
+            for stage in order:
+                await asyncio.sleep(self.random.uniform(*self.options.pause_s))
+                if producing.done():
+                    producing.result()  # the source failed: report why
+                self.kills.append(await self._kill_and_restart(pipeline, stage, time.monotonic() - began))
+            await asyncio.sleep(self.options.pause_s[1])  # load continues after the last recovery
+        finally:
+            source.stopping.set()
+            await producing
+
+    def _kill_order(self) -> list[str]:
+        """Every stage as often as the others (give or take one), in random order."""
+        stages = list(self.options.stages)
+        order = [stages[number % len(stages)] for number in range(self.options.kills)]
+        self.random.shuffle(order)
+        return order
+
+    async def _kill_and_restart(self, pipeline: Pipeline, stage: str, at_s: float) -> Kill:
+        wipe = False
+        if stage == "join":
+            self.join_kills += 1
+            every = self.options.wipe_join_store_every
+            wipe = every > 0 and self.join_kills % every == 0
+        self.files.check()
+        pipeline.kill(stage, wipe_store=wipe)
+        killed_at = time.monotonic()
+        worker = pipeline.start(stage)
+        kill = Kill(stage, round(at_s, 2), wipe)
+        timeout = self.options.recovery_timeout_s
+        if await wait_for(worker.ready, timeout) is not None:
+            kill.ready_s = round(time.monotonic() - killed_at, 2)
+            if await wait_for(lambda: processed(worker) > 0, timeout) is not None:
+                kill.processing_s = round(time.monotonic() - killed_at, 2)
+        return kill
+
+
+@dataclasses.dataclass
+class JoinedTopic:
+    """What the ``joined`` topic holds: copies per frame and the outcomes each frame got."""
+
+    copies: Counter = dataclasses.field(default_factory=Counter)
+    outcomes: dict = dataclasses.field(default_factory=dict)
+
+    def add(self, joined: wire.Joined) -> None:
+        frame_id = joined.frame.id
+        self.copies[frame_id] += 1
+        self.outcomes.setdefault(frame_id, set()).add("joined" if joined.matched else "unmatched")
+
+
+async def read_joined(settings: Settings) -> JoinedTopic:
+    """Every record of the ``joined`` topic, from the beginning to the current end."""
+    topic = topic_names(settings)["joined"]
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
+                                max_partition_fetch_bytes=max_record_bytes(settings))
+    await consumer.start()
+    contents = JoinedTopic()
+    try:
+        partitions = [TopicPartition(topic, number) for number in range(settings.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    contents.add(wire.decode_joined(record.value))
+    finally:
+        await consumer.stop()
+    return contents
+
+
+class FrameFiles:
+    """Watches the sink's frame files: a file replaced after it was first seen was written twice.
+
+    The sink writes a frame by renaming a new file into place, so a second write of the same
+    frame shows as a new inode under the same path. Checked at every kill and at the end.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.inodes: dict[str, int] = {}
+        self.rewritten = 0
+
+    def check(self) -> None:
+        for frames_dir in self.out.glob("*/*/frames"):
+            for entry in os.scandir(frames_dir):
+                if not entry.name.endswith(".jpg"):
+                    continue
+                inode = entry.inode()
+                if self.inodes.setdefault(entry.path, inode) != inode:
+                    self.rewritten += 1
+                    self.inodes[entry.path] = inode
+
+
+def sink_files(out: Path, produced: set[wire.FrameId]) -> int:
+    return sum(frame_path(out, frame_id).exists() for frame_id in produced)
+
+
+def report(options: ChaosOptions, run: ChaosRun, source: Source, joined: JoinedTopic, out: Path,
+           elapsed_s: float) -> dict:
+    run.files.check()
+    produced = source.produced
+    lost = sorted((frame_id for frame_id in produced if not frame_path(out, frame_id).exists()),
+                  key=lambda frame_id: (frame_id.stream, frame_id.index))
+    recovery = [kill.processing_s for kill in run.kills if kill.processing_s is not None]
+    return {
+        "kills": len(run.kills),
+        "kills_by_stage": dict(Counter(kill.stage for kill in run.kills)),
+        "join_stores_wiped": sum(kill.store_wiped for kill in run.kills),
+        "processing_guarantee": options.processing_guarantee,
+        "frames_produced": len(produced),
+        "frame_files": len(produced) - len(lost),
+        "lost": len(lost),
+        "lost_examples": [f"{frame_id.stream}:{frame_id.index}" for frame_id in lost[:20]],
+        "sink_duplicates": run.files.rewritten,
+        "joined_records": sum(joined.copies.values()),
+        "joined_distinct": len(joined.copies),
+        "joined_missing": len(produced - set(joined.copies)),
+        "joined_redelivered": sum(count - 1 for count in joined.copies.values()),
+        "joined_matched": sum("joined" in outcome for outcome in joined.outcomes.values()),
+        "unmatched_frames": sum(outcome == {"unmatched"} for outcome in joined.outcomes.values()),
+        "joined_and_unmatched": sum(len(outcome) > 1 for outcome in joined.outcomes.values()),
+        "recovery_s": {
+            "max": max(recovery, default=None),
+            "median": statistics.median(recovery) if recovery else None,
+            "not_recovered": len(run.kills) - len(recovery),
+        },
+        "kill_log": [dataclasses.asdict(kill) for kill in run.kills],
+        "elapsed_s": round(elapsed_s, 1),
+    }
+
+
+def run_chaos(options: ChaosOptions, settings: Settings | None = None) -> dict:
+    """Run the chaos bench; returns the report (also written to ``<out>/chaos.json``)."""
+    out = options.out.resolve()
+    shutil.rmtree(out / ".data", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    base = (settings or Settings.from_env()).replace(
+        topic_prefix=f"chaos-{new_epoch()}.", out_dir=out, stages=STAGES, join_ttl_s=options.join_ttl_s,
+        processing_guarantee=options.processing_guarantee)
+    broker, base = ensure_broker(DemoOptions(broker_port=options.broker_port), base)
+    pipeline = Pipeline(base, out)
+    try:
+        asyncio.run(ensure_topics(base))
+        for stage in STAGES:
+            pipeline.start(stage)
+        asyncio.run(_wait_ready(pipeline))
+        began = time.monotonic()
+        source = Source(options, base)
+        chaos = ChaosRun(options, FrameFiles(out))
+        asyncio.run(chaos.run(pipeline, source))
+        asyncio.run(wait_for(lambda: sink_files(out, source.produced) == len(source.produced),
+                             options.settle_timeout_s))
+        joined = asyncio.run(read_joined(base))
+        summary = report(options, chaos, source, joined, out, time.monotonic() - began)
+    finally:
+        pipeline.stop()
+        if broker is not None:
+            broker.stop()
+    (out / "chaos.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+async def _wait_ready(pipeline: Pipeline) -> None:
+    if await wait_for(lambda: all(worker.ready() for worker in pipeline.workers.values()), 120) is None:
+        raise DemoFailed("timed out after 120 s waiting for the workers to be ready")
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def stages_arg(text: str) -> tuple[str, ...]:
+    stages = tuple(stage.strip() for stage in text.split(",") if stage.strip())
+    if not stages or set(stages) - set(STAGES):
+        raise argparse.ArgumentTypeError(f"--stages: a comma list of {', '.join(STAGES)}, got {text!r}")
+    return stages
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Kill pipeline stages with SIGKILL at random moments while synthetic "
+                          "streams play, restart them, and report frames lost, duplicates at the "
+                          "sink and recovery times (written to OUT/chaos.json). Exits 1 if a frame "
+                          "was lost or written twice.")
+    parser.add_argument("--kills", type=int, default=20, help="kills in a row (default 20)")
+    parser.add_argument("--stages", type=stages_arg, default=STAGES, help="stages to kill (default all)")
+    parser.add_argument("--streams", type=int, default=2, help="synthetic streams (default 2)")
+    parser.add_argument("--fps", type=float, default=10.0, help="frames per second per stream (default 10)")
+    parser.add_argument("--ttl", default="30s", help="join TTL (default 30s)")
+    parser.add_argument("--guarantee", choices=PROCESSING_GUARANTEES, default="at_least_once",
+                        help="Faust processing guarantee of the workers (default at_least_once)")
+    parser.add_argument("--wipe-join-store-every", type=int, default=2,
+                        help="every N-th kill of the join deletes its store (default 2; 0 never)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the kill order and moments")
+    parser.add_argument("--out", type=Path, default=Path("out/chaos"), help="default out/chaos")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"broker port (default {DEFAULT_PORT})")
+
+
+def run(args: argparse.Namespace) -> int:
+    options = ChaosOptions(kills=args.kills, stages=args.stages, streams=args.streams, fps=args.fps,
+                           join_ttl_s=parse_duration(args.ttl, name="--ttl"),
+                           processing_guarantee=args.guarantee,
+                           wipe_join_store_every=args.wipe_join_store_every, seed=args.seed,
+                           out=args.out, broker_port=args.port)
+    summary = run_chaos(options)
+    print(json.dumps({key: value for key, value in summary.items() if key != "kill_log"}, indent=2))
+    return 0 if summary["lost"] == 0 and summary["sink_duplicates"] == 0 else 1
