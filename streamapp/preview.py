@@ -95,7 +95,7 @@ class LatestFrames:
 
 def main_counters(snapshot: dict[str, float]) -> dict[str, float]:
     """The worker's outcome counters, for the page (process internals left out)."""
-    return {name: value for name, value in snapshot.items()
+    return {name: value for name, value in sorted(snapshot.items())
             if name.endswith("_total") and "{" not in name and not name.startswith("gc_")}
 
 

@@ -1,0 +1,138 @@
+"""The sink worker's live preview in a real headless Chromium, and its /metrics page.
+
+A sink worker runs on the real broker; joined records of two streams, each with one box of a
+distinct colour, are published to its input. Chromium loads /preview/ (its script polls the
+worker and fetches the frames) and takes a screenshot, which must show both boxes' colours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+import uuid
+
+import cv2
+import numpy as np
+import pytest
+from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamapp import wire
+from streamapp.agents.sink import label_colour
+from streamapp.broker import free_port
+from streamapp.demo import Worker
+from streamapp.imaging import encode_jpeg
+from streamapp.settings import Settings
+from streamapp.topics import ensure_topics, topic_names
+
+# Labels whose box colours (BGR) appear nowhere else on the page.
+STREAM_LABELS = {"cam1": "green", "cam2": "blue"}
+assert {label_colour(label) for label in STREAM_LABELS.values()} == {(255, 0, 255), (0, 255, 0)}
+
+
+def chromium() -> str:
+    found = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+    if found is None:
+        reason = "no chromium on PATH (.ci/run installs it: apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return found
+
+
+def joined_record(stream: str, label: str, index: int) -> wire.Joined:
+    image = np.full((240, 320, 3), 40, np.uint8)
+    frame_id = wire.FrameId(stream, epoch=1_700_000_000_000, index=index)
+    frame = wire.Frame(frame_id, int(time.time() * 1000), 320, 240, encode_jpeg(image))
+    box = wire.Box(label, 0.9, 100, 60, 120, 100)
+    return wire.Joined(frame, wire.Detections(frame_id, (box,), "test", 1.0, 320, 240))
+
+
+async def publish(settings: Settings, records: list[wire.Joined]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await producer.start()
+    try:
+        for joined in records:
+            await producer.send_and_wait(topic_names(settings)["joined"], wire.encode_joined(joined),
+                                         key=joined.frame.id.bucket_key(settings.bucket_size))
+    finally:
+        await producer.stop()
+
+
+def get(port: int, path: str) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return response.read()
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}", pytrace=False)
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def sink_worker(kafka_bootstrap, tmp_path_factory):
+    root = tmp_path_factory.mktemp("preview")
+    settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"preview-{uuid.uuid4().hex[:8]}.",
+                        stages=("sink",), web_port=free_port(), data_dir=root / "data", out_dir=root / "out")
+    asyncio.run(ensure_topics(settings))
+    worker = Worker("sink", settings, root)
+    try:
+        wait_for(worker.ready, 120, "the sink worker to start")
+        asyncio.run(publish(settings, [joined_record(stream, label, index)
+                                       for index in range(3) for stream, label in STREAM_LABELS.items()]))
+        wait_for(lambda: len(json.loads(get(settings.web_port, "/preview/streams.json"))["streams"]) == 2,
+                 60, "the preview to hold both streams")
+        yield worker
+    finally:
+        worker.stop()
+
+
+def test_preview_page_shows_the_latest_frame_of_each_stream_with_its_boxes(sink_worker, tmp_path):
+    screenshot = tmp_path / "preview.png"
+    profile = tmp_path / "profile"
+    result = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", "--hide-scrollbars", "--window-size=1400,900",
+         "--virtual-time-budget=5000", f"--screenshot={screenshot}",
+         f"http://127.0.0.1:{sink_worker.settings.web_port}/preview/"],
+        capture_output=True, text=True, timeout=120)
+    assert screenshot.exists(), f"chromium made no screenshot:\n{result.stderr[-2000:]}"
+    page = cv2.imread(str(screenshot)).astype(int)
+    for stream, label in STREAM_LABELS.items():
+        pixels = int(np.all(np.abs(page - label_colour(label)) < 60, axis=2).sum())
+        # The box outline alone is about 2 x (120 + 100) x 2 pixels at 1:1.
+        assert pixels > 500, f"{stream}: {pixels} pixels of its box colour {label_colour(label)} on the page"
+
+    listing = json.loads(get(sink_worker.settings.web_port, "/preview/streams.json"))
+    assert [(s["stream"], s["index"], s["boxes"]) for s in listing["streams"]] == [("cam1", 2, 1), ("cam2", 2, 1)]
+    assert listing["counters"]["sink_frames_written_total"] == 6
+
+
+def test_metrics_page_is_prometheus_text_that_agrees_with_the_stats_page(sink_worker):
+    port = sink_worker.settings.web_port
+
+    def families():
+        return {family.name: family for family in text_string_to_metric_families(get(port, "/metrics").decode())}
+
+    # Lag is known from the first commit of the consumed offsets on.
+    wait_for(lambda: "kafka_consumer_lag_records" in families(), 30, "the consumer's first commit")
+    families = families()
+    stats = json.loads(get(port, "/streamapp/stats/"))
+    # The parser names counter families without their _total suffix.
+    assert families["sink_records_in"].type == "counter"
+    assert families["sink_records_in"].samples[0].value == stats["sink_records_in_total"] == 6
+    assert families["preview_streams"].type == "gauge"
+    assert families["preview_streams"].samples[0].value == 2
+    assert families["process_resident_memory_bytes"].samples[0].value > 0
+    lag = families["kafka_consumer_lag_records"].samples
+    assert lag and all(sample.value == 0 for sample in lag)
+    assert {sample.labels["topic"] for sample in lag} == {topic_names(sink_worker.settings)["joined"]}
