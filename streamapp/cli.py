@@ -1,0 +1,321 @@
+"""The ``streamapp`` command.
+
+Each subcommand is one :class:`Command` in :data:`COMMANDS`: a name, a one-line help, a function
+that adds its arguments to its ``argparse`` parser and a handler ``(args) -> exit code``. Adding a
+subcommand is adding one entry.
+
+Exit codes: 0 success, 1 runtime error, 2 usage error (argparse's), 3 ``broker status`` when no
+broker runs. Expected errors (:data:`EXPECTED_ERRORS`) are printed as ``streamapp: error: <message>``
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from streamapp import chaos, replay_commands
+from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, BrokerError,
+                              LocalBroker, default_data_dir, kafka_home)
+from streamapp.settings import Settings, SettingsError, parse_resolution, parse_stream_id
+from streamapp.topics import TopicError
+from streamapp.units import UnitError, format_bytes, parse_bytes
+
+
+class CommandError(RuntimeError):
+    """A subcommand failed in an expected way; the message is shown as is."""
+
+
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (CommandError, BrokerError, SettingsError, UnitError, TopicError)
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _note(message: str) -> None:
+    print(f"streamapp: {message}", file=sys.stderr)
+
+
+def size_arg(text: str) -> int:
+    """An argparse ``type`` for byte sizes written as in settings: ``16MiB``, ``17MB``, ``1048576``."""
+    try:
+        return parse_bytes(text, name="size")
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# streamapp broker start|stop|status
+
+
+def configure_broker(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"A local single-node Apache Kafka {KAFKA_VERSION} broker (KRaft) on 127.0.0.1, run from "
+        f"the Maven Central jars (fetched once into {kafka_home()}/libs; set STREAMAPP_KAFKA_HOME "
+        f"to move them). Needs Java 17+, and Maven for the first start."
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{start,stop,status}")
+    for action, help_text in (("start", "start the broker and wait until it answers"),
+                              ("stop", "stop the broker (SIGTERM, then SIGKILL after --timeout)"),
+                              ("status", "show whether the broker runs (exit code 3 if not)")):
+        sub = actions.add_parser(action, help=help_text, description=help_text)
+        sub.add_argument("--port", type=int, default=None,
+                         help=f"client port on 127.0.0.1 (default {DEFAULT_PORT}); "
+                              f"the controller takes the next free port")
+        sub.add_argument("--data-dir", type=Path, default=None,
+                         help="where the broker keeps its logs, pid file and topics "
+                              f"(default {default_data_dir(DEFAULT_PORT).parent}/broker-PORT)")
+        if action == "start":
+            sub.add_argument("--timeout", type=float, default=90.0,
+                             help="seconds to wait for the broker to answer (default 90)")
+            sub.add_argument("--max-message-bytes", type=size_arg, default=DEFAULT_MAX_MESSAGE_BYTES,
+                             help=f"largest record batch the broker accepts "
+                                  f"(default {format_bytes(DEFAULT_MAX_MESSAGE_BYTES)})")
+        elif action == "stop":
+            sub.add_argument("--timeout", type=float, default=30.0,
+                             help="seconds to wait after SIGTERM before killing it (default 30)")
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    port = args.port if args.port is not None else DEFAULT_PORT
+    data_dir = args.data_dir if args.data_dir is not None else default_data_dir(port)
+    broker = LocalBroker(data_dir, port, notify=_note,
+                         max_message_bytes=getattr(args, "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES))
+    if args.action == "start":
+        began = time.monotonic()
+        broker.start(timeout=args.timeout)
+        print(f"broker {broker.status().describe()}; started in {time.monotonic() - began:.1f}s")
+        return 0
+    if args.action == "stop":
+        outcome = broker.stop(timeout=args.timeout)
+        print(f"broker {outcome} (data dir {broker.data_dir})")
+        return 0
+    status = broker.status()
+    print(f"broker {status.describe()}")
+    return 0 if status.running else 3
+
+
+# --------------------------------------------------------------------------------------------
+# streamapp topics create
+
+
+def configure_topics(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Create the pipeline's topics with their partitions and configs "
+                          "(settings from STREAMAPP_* variables) and check they are co-partitioned.")
+    parser.add_argument("action", choices=["create"])
+
+
+def run_topics(args: argparse.Namespace) -> int:
+    from streamapp.topics import ensure_topics
+
+    settings = Settings.from_env()
+    created = asyncio.run(ensure_topics(settings))
+    print(f"topics ready on {settings.bootstrap_servers}; created: {', '.join(created) or 'none'}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# streamapp produce
+
+
+def resolution_arg(text: str) -> tuple[int, int]:
+    try:
+        return parse_resolution(text, "--size")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def fps_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--fps must be a number, got {text!r}") from None
+    if not (0 <= value <= 1000):
+        raise argparse.ArgumentTypeError("--fps must be between 0 (as fast as possible) and 1000")
+    return value
+
+
+def count_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def configure_produce(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Publish frames to the frames topic: a synthetic scene with known boxes, "
+                          "or a video file. Every run is a new epoch. Settings from STREAMAPP_*.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--synthetic", action="store_true", help="moving coloured objects")
+    source.add_argument("--video", type=Path, help="any video file OpenCV can read")
+    parser.add_argument("--streams", type=count_arg, default=1, help="synthetic streams (default 1)")
+    parser.add_argument("--frames", type=count_arg, default=300, help="frames per stream (default 300)")
+    parser.add_argument("--fps", type=fps_arg, default=15.0,
+                        help="frames per second per stream; 0 = as fast as possible (default 15)")
+    parser.add_argument("--size", type=resolution_arg, default=(640, 480),
+                        help="synthetic frame size WIDTHxHEIGHT (default 640x480)")
+    parser.add_argument("--stream", default="cam", help="stream id, or prefix when numbered (default cam)")
+    parser.add_argument("--ground-truth", type=Path, help="write the true boxes as JSON lines here")
+
+
+def run_produce(args: argparse.Namespace) -> int:
+    from streamapp.agents.source import Pacer, SourceError, new_epoch, synthetic_frames, video_file_frames
+    from streamapp.groundtruth import GroundTruthWriter
+    from streamapp.publisher import FramePublisher, interleave, paced
+
+    settings = Settings.from_env()
+    epoch = new_epoch()
+    try:
+        if args.video:
+            sources = [((frame, None) for frame in video_file_frames(
+                args.video, parse_stream_id(args.stream), epoch, max_frames=args.frames))]
+        else:
+            width, height = args.size
+            sources = [synthetic_frames(parse_stream_id(f"{args.stream}{number}"), epoch, args.frames,
+                                        width, height, seed=number, fps=args.fps or 15.0)
+                       for number in range(1, args.streams + 1)]
+    except (SourceError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    truth = GroundTruthWriter(args.ground_truth) if args.ground_truth else None
+
+    async def publish() -> int:
+        pacer = Pacer(args.fps * len(sources) if args.fps else None)
+        async with FramePublisher(settings) as publisher:
+            async for frame, boxes in paced(interleave(sources), pacer.delay):
+                await publisher.publish(frame)
+                if truth is not None:
+                    truth.write(frame.id, boxes)
+            await publisher.flush()
+            return publisher.published
+
+    try:
+        began = time.monotonic()
+        published = asyncio.run(publish())
+    finally:
+        if truth is not None:
+            truth.close()
+    print(f"published {published} frames (epoch {epoch}) to {settings.bootstrap_servers} "
+          f"in {time.monotonic() - began:.1f}s")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# streamapp demo
+
+
+def configure_demo(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Run the whole pipeline on a local broker (started if none listens on "
+                          "--port), publish synthetic streams, check every frame came out exactly "
+                          "once with the right boxes, and write videos, contact_sheet.png and "
+                          "summary.json to --out.")
+    parser.add_argument("--streams", type=count_arg, default=2, help="streams (default 2)")
+    parser.add_argument("--frames", type=count_arg, default=300, help="frames per stream (default 300)")
+    parser.add_argument("--size", type=resolution_arg, default=(640, 480), help="default 640x480")
+    parser.add_argument("--fps", type=fps_arg, default=15.0,
+                        help="per stream; 0 = as fast as possible (default 15)")
+    parser.add_argument("--out", type=Path, default=Path("out"), help="output folder (default out/)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"broker port (default {DEFAULT_PORT})")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds to wait for every frame to leave the join (default 300)")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from streamapp.demo import DemoFailed, DemoOptions, run_demo as demo
+
+    width, height = args.size
+    options = DemoOptions(streams=args.streams, frames=args.frames, width=width, height=height,
+                          fps=args.fps, out=args.out, broker_port=args.port, timeout_s=args.timeout)
+    try:
+        summary = demo(options)
+    except DemoFailed as exc:
+        raise CommandError(str(exc)) from None
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# streamapp bench <name>: long measurements that write a report; each is one Command in BENCHES.
+
+
+BENCHES: list[Command] = [
+    Command("chaos", "kill stages at random under load, restart them, count lost and duplicate frames",
+            chaos.configure, chaos.run),
+]
+
+
+def configure_bench(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Long-running measurements of the whole pipeline; each writes a report."
+    benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for bench in BENCHES:
+        sub = benches.add_parser(bench.name, help=bench.help, description=bench.help)
+        bench.configure(sub)
+        sub.set_defaults(run_bench=bench.run)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    return args.run_bench(args)
+
+
+# --------------------------------------------------------------------------------------------
+
+COMMANDS: list[Command] = [
+    Command("broker", "run a local Kafka broker for development and tests", configure_broker, run_broker),
+    Command("topics", "create the pipeline's topics and check co-partitioning", configure_topics, run_topics),
+    Command("produce", "publish a synthetic scene or a video file to the frames topic",
+            configure_produce, run_produce),
+    Command("demo", "run the whole pipeline on a local broker and check the output", configure_demo, run_demo),
+    Command("bench", "long-running measurements (chaos: crashes under load)", configure_bench, run_bench),
+    Command("record", "record topics (or synthetic cameras) to a recording file",
+            replay_commands.configure_record, replay_commands.run_record),
+    Command("replay", "publish recordings to topics, paced, through seeded scenario transforms",
+            replay_commands.configure_replay, replay_commands.run_replay),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamapp", description="Video analytics on Faust and Kafka.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        sub = commands.add_parser(command.name, help=command.help, description=command.help)
+        command.configure(sub)
+        sub.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        print("streamapp: error: a command is required", file=sys.stderr)
+        return 2
+    try:
+        return args.run(args)
+    except EXPECTED_ERRORS as exc:
+        print(f"streamapp: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("streamapp: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
