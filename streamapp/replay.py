@@ -483,3 +483,13 @@ def open_recordings(paths: list) -> tuple[Records, dict[str, int]]:
                                   f"{partitions[topic]} and {count} ({recording.path})")
     records = iter(recordings[0]) if len(recordings) == 1 else interleave(recordings)
     return records, partitions
+
+
+def epoch_offset_to_now(records: Iterable[Record]) -> int:
+    """How far to move epochs so the first frame's epoch becomes now (see :class:`ShiftEpochs`)."""
+    from streamapp.agents.source import new_epoch
+
+    for record in records:
+        if side_of(record) is not None:
+            return new_epoch() - frame_id(record).epoch
+    return 0
