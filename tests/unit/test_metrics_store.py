@@ -1,0 +1,61 @@
+"""Pending entries, their bytes and the oldest pending deadline, per join-store partition: markers
+are state but not pending, whatever order the index holds them in."""
+
+import pytest
+import rocksdict
+
+from streamapp.tables.entry import Entry, EntryKind
+from streamapp.tables.memory import shared_rocks_memory
+from streamapp.tables.store import EXPIRY_FAMILY, JoinPartition
+
+
+def open_partition(path) -> JoinPartition:
+    memory = shared_rocks_memory(64 * 1024**2)
+    return JoinPartition(rocksdict.Rdict(str(path), options=memory.options(),
+                                         column_families={EXPIRY_FAMILY: memory.options()}))
+
+
+@pytest.fixture
+def partition(tmp_path):
+    opened = open_partition(tmp_path / "p0.db")
+    yield opened
+    opened.close()
+
+
+def put(partition, key, kind, deadline, payload=b""):
+    partition.write(key, Entry(kind, deadline, payload).encode())
+
+
+def test_pending_totals_count_frames_and_results_but_not_markers(partition):
+    put(partition, b"a", EntryKind.FRAME, 5_000, b"f" * 100)
+    put(partition, b"b", EntryKind.RESULT, 5_100, b"r" * 10)
+    put(partition, b"c", EntryKind.JOINED, 60_000)
+    stats = partition.stats
+    assert (stats.entries, stats.pending_entries, stats.pending_bytes) == (3, 2, 100 + 10 + 2 * 9)
+    put(partition, b"a", EntryKind.JOINED, 61_000)  # the frame's result came
+    partition.write(b"b", None)                      # the result expired as an orphan
+    assert (stats.entries, stats.pending_entries, stats.pending_bytes) == (2, 0, 0)
+
+
+def test_oldest_pending_deadline_skips_markers_that_are_due_earlier(partition):
+    put(partition, b"old-marker", EntryKind.EXPIRED, 1_000)
+    put(partition, b"frame", EntryKind.FRAME, 4_000, b"f")
+    put(partition, b"result", EntryKind.RESULT, 3_000, b"r")
+    assert partition.oldest_deadline_ms() == 1_000
+    assert partition.oldest_pending_deadline_ms() == 3_000
+    partition.write(b"result", None)
+    partition.write(b"frame", None)
+    assert partition.oldest_pending_deadline_ms() is None
+
+
+def test_reopened_partition_recounts_pending_totals(tmp_path):
+    first = open_partition(tmp_path / "p0.db")
+    put(first, b"a", EntryKind.FRAME, 5_000, b"f" * 100)
+    put(first, b"b", EntryKind.JOINED, 60_000)
+    first.close()
+    reopened = open_partition(tmp_path / "p0.db")
+    try:
+        assert (reopened.stats.pending_entries, reopened.stats.pending_bytes) == (1, 109)
+        assert reopened.oldest_pending_deadline_ms() == 5_000
+    finally:
+        reopened.close()
