@@ -1,0 +1,577 @@
+"""``streamapp bench soak``: frame/result pairs through the join for a long time, memory and disk
+sampled once a second, next to a naive in-memory join fed the same records.
+
+The join runs as its own ``faust`` worker process, exactly as deployed. This process is the load:
+it publishes frames and detection results (bucket-keyed, a few frames apart, as inference
+would), reads the joined output to measure latency, and samples every second the RSS of each
+process, the join's pending state and RocksDB bytes, and the bytes of every topic on the broker.
+It writes ``report.json`` and three charts (RSS, disk, pending state) per scenario.
+
+Scenarios: ``steady``; ``stall`` (no results for ``--stall`` seconds from 40 % of the run: the
+frames of that window never get one); ``slow-sink`` (a consumer of ``joined`` reading a third of
+the input rate); ``4k`` (3840x2160 frames).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from streamapp import wire
+from streamapp.agents.source import SyntheticScene, new_epoch, to_frame
+from streamapp.bench.naive import naive_topic
+from streamapp.bench.plot import line_chart
+from streamapp.broker import LocalBroker, free_port
+from streamapp.demo import Worker
+from streamapp.settings import Settings
+from streamapp.topics import changelog_name, ensure_topics, max_record_bytes, topic_names
+
+log = logging.getLogger(__name__)
+
+SIZE_4K = (3840, 2160)
+RESULT_LAG = 3          # a result is published this many frames after its frame
+STALL_AT = 0.4          # fraction of the pairs sent when inference stalls
+DISTINCT_FRAMES = 8     # pre-encoded JPEGs, reused with new ids
+MIB = 1024**2
+
+
+@dataclasses.dataclass(frozen=True)
+class SoakOptions:
+    pairs: int = 100_000
+    width: int = 640
+    height: int = 480
+    rate: float = 500.0               # pairs per second; 0 = as fast as the broker takes them
+    scenario: str = "steady"
+    stall_s: float = 60.0
+    baseline: str | None = None       # "naive"
+    memory_budget_bytes: int = 512 * MIB
+    out: Path = Path("docs/benchmarks/soak")
+    bootstrap: str | None = None      # an existing broker; topic bytes are then not measured
+    drain_timeout_s: float = 120.0
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return SIZE_4K if self.scenario == "4k" else (self.width, self.height)
+
+
+@dataclasses.dataclass
+class Progress:
+    """What the load has done so far, shared by the load, the readers and the sampler."""
+
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    pairs_sent: int = 0
+    results_sent: int = 0
+    frame_bytes: int = 0
+    result_sent_at: dict[int, float] = dataclasses.field(default_factory=dict)
+    sending_done: float | None = None
+    out: dict[str, int] = dataclasses.field(default_factory=lambda: {"ours": 0, "naive": 0})
+    matched: dict[str, int] = dataclasses.field(default_factory=lambda: {"ours": 0, "naive": 0})
+    latencies: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {"ours": [], "naive": []})
+    slow_sink_read: int = 0
+    output_span: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+
+    def output_rate(self, engine: str) -> float:
+        """Matched pairs per second from the first output to the last."""
+        first, last = self.output_span.get(engine, (0.0, 0.0))
+        return self.matched[engine] / (last - first) if last > first else 0.0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+
+
+def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
+    """Run one scenario; returns its report (also written to ``<out>/<scenario>/report.json``)."""
+    out = (options.out / options.scenario).resolve()
+    scratch = [out / "broker", out / "data"]  # gigabytes after a long run; only the results stay
+    _remove(scratch)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    broker = None if options.bootstrap else LocalBroker(out / "broker", free_port())
+    processes: list = []
+    try:
+        if broker is not None:
+            broker.start(timeout=120)
+        bootstrap = options.bootstrap or broker.bootstrap
+        settings = (settings or Settings()).replace(
+            broker=f"kafka://{bootstrap}", topic_prefix=f"soak-{new_epoch()}.", stages=("join",),
+            data_dir=out / "data" / "join", web_port=free_port(),
+            memory_budget_bytes=options.memory_budget_bytes)
+        asyncio.run(_create_topics(settings, options))
+        join = Worker("join", settings, out / "logs")
+        processes.append(join)
+        naive = NaiveJoin(settings, out) if options.baseline == "naive" else None
+        if naive is not None:
+            processes.append(naive)
+        _wait_until(join.ready, 120, "the join worker to start")
+        sampler = Sampler(settings, join, naive, out, broker)
+        progress = asyncio.run(_drive(options, settings, sampler))
+    finally:
+        for process in reversed(processes):
+            process.stop()
+        if broker is not None:
+            broker.stop()
+        _remove(scratch)
+    report = build_report(options, settings, progress, sampler.samples)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    draw_charts(out, report, sampler.samples)
+    return report
+
+
+async def _create_topics(settings: Settings, options: SoakOptions) -> None:
+    await ensure_topics(settings, with_changelog=True)
+    if options.baseline != "naive":
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(naive_topic(settings), settings.partitions, 1, topic_configs={
+            "max.message.bytes": str(max_record_bytes(settings)), "retention.ms": str(3600 * 1000)})])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        await admin.close()
+
+
+class NaiveJoin:
+    """The baseline process (streamapp.bench.naive) and the stats file it writes."""
+
+    def __init__(self, settings: Settings, out: Path) -> None:
+        self.stats_file = out / "naive-stats.json"
+        self._log = open(out / "logs" / "naive.log", "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "streamapp.bench.naive", str(self.stats_file)],
+            env={**os.environ, **settings.to_env()}, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def stats(self) -> dict:
+        try:
+            return json.loads(self.stats_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+async def _drive(options: SoakOptions, settings: Settings, sampler: "Sampler") -> Progress:
+    progress = Progress()
+    sampler.progress = progress
+    engines = {"ours": topic_names(settings)["joined"]}
+    if options.baseline == "naive":
+        engines["naive"] = naive_topic(settings)
+    background = [asyncio.create_task(sampler.run())]
+    background += [asyncio.create_task(_read_joined(settings, engine, topic, progress))
+                   for engine, topic in engines.items()]
+    if options.scenario == "slow-sink":
+        background.append(asyncio.create_task(_slow_sink(settings, options, progress)))
+    try:
+        await _publish(options, settings, progress)
+        deadline = time.monotonic() + options.drain_timeout_s
+        while time.monotonic() < deadline and not _drained(progress, engines):
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2 * settings.sweep_interval_s)  # a last sample of the settled state
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+    return progress
+
+
+def _drained(progress: Progress, engines: dict[str, str]) -> bool:
+    """Every frame left our join; the naive join matched every pair that has both sides."""
+    done = progress.out["ours"] >= progress.pairs_sent
+    if "naive" in engines:
+        done = done and progress.out["naive"] >= progress.results_sent
+    return done
+
+
+# --------------------------------------------------------------------------------------------
+# the load
+
+
+def encoded_frames(width: int, height: int) -> list[bytes]:
+    scene = SyntheticScene(width, height, seed=5)
+    return [to_frame(wire.FrameId("soak", 1, index), 0, scene.render(index)[0]).jpeg
+            for index in range(DISTINCT_FRAMES)]
+
+
+def detections_for(frame_id: wire.FrameId, width: int, height: int) -> wire.Detections:
+    box = wire.Box("object", 0.9, width // 4, height // 4, width // 8, height // 8)
+    return wire.Detections(frame_id, (box,), "soak", 1.0, width, height)
+
+
+async def _publish(options: SoakOptions, settings: Settings, progress: Progress) -> None:
+    width, height = options.size
+    jpegs = encoded_frames(width, height)
+    names = topic_names(settings)
+    epoch = new_epoch()
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
+                                max_request_size=max_record_bytes(settings),
+                                max_batch_size=min(max_record_bytes(settings), MIB), linger_ms=5)
+    await producer.start()
+    stall = StallWindow(int(options.pairs * STALL_AT), options.stall_s if options.scenario == "stall" else 0)
+    try:
+        for index in range(options.pairs + RESULT_LAG):
+            if index < options.pairs:
+                await _pace(options.rate, index, progress.started)
+                frame = wire.Frame(wire.FrameId("soak", epoch, index), int(time.time() * 1000),
+                                   width, height, jpegs[index % len(jpegs)])
+                value = wire.encode_frame(frame)
+                await producer.send(names["frames"], value, key=frame.id.bucket_key(settings.bucket_size))
+                progress.pairs_sent += 1
+                progress.frame_bytes += len(value)
+            lagging = index - RESULT_LAG
+            if lagging >= 0 and not stall.withholds(lagging):
+                frame_id = wire.FrameId("soak", epoch, lagging)
+                await producer.send(names["detections"], wire.encode_detections(detections_for(frame_id, width, height)),
+                                    key=frame_id.bucket_key(settings.bucket_size))
+                progress.result_sent_at[lagging] = time.time()
+                progress.results_sent += 1
+        await producer.flush()
+    finally:
+        progress.sending_done = progress.elapsed()
+        await producer.stop()
+
+
+@dataclasses.dataclass
+class StallWindow:
+    """Inference stops at the ``start``-th frame for ``seconds``: those frames get no result."""
+
+    start: int
+    seconds: float
+    _until: float | None = None
+
+    def withholds(self, index: int) -> bool:
+        if not self.seconds or index < self.start:
+            return False
+        if self._until is None:
+            self._until = time.monotonic() + self.seconds
+        return time.monotonic() < self._until
+
+
+async def _pace(rate: float, index: int, started: float) -> None:
+    if rate:
+        ahead = started + index / rate - time.monotonic()
+        if ahead > 0.002:
+            await asyncio.sleep(ahead)
+    elif index % 64 == 0:
+        await asyncio.sleep(0)  # let the readers and the sampler run
+
+
+async def _read_joined(settings: Settings, engine: str, topic: str, progress: Progress) -> None:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers,
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                max_partition_fetch_bytes=max_record_bytes(settings))
+    await consumer.start()
+    try:
+        while True:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                now = time.time()
+                span = progress.output_span.setdefault(engine, [now, now])
+                span[1] = now
+                for record in records:
+                    joined = wire.decode_joined(record.value)
+                    progress.out[engine] += 1
+                    if joined.matched:
+                        progress.matched[engine] += 1
+                        sent = progress.result_sent_at.get(joined.frame.id.index)
+                        if sent is not None:
+                            progress.latencies[engine].append(now - sent)
+    finally:
+        await consumer.stop()
+
+
+async def _slow_sink(settings: Settings, options: SoakOptions, progress: Progress) -> None:
+    """A consumer group of ``joined`` that reads a third of the input rate (at least 1/s)."""
+    consumer = AIOKafkaConsumer(topic_names(settings)["joined"], bootstrap_servers=settings.bootstrap_servers,
+                                group_id=f"{settings.topic_prefix}slow-sink", auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=max_record_bytes(settings), max_poll_records=16)
+    rate = max(1.0, (options.rate or 1000.0) / 3)
+    await consumer.start()
+    try:
+        while True:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for _ in records:
+                    progress.slow_sink_read += 1
+                    await asyncio.sleep(1 / rate)
+    finally:
+        await consumer.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# sampling
+
+
+def rss_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0
+
+
+def cpu_seconds_of(pid: int) -> float:
+    """User plus system CPU time of a process so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def directory_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass  # removed between listing and stat (compaction, segment deletion)
+    return total
+
+
+class Sampler:
+    """Once a second: RSS, pending state, RocksDB and topic bytes, outputs so far."""
+
+    def __init__(self, settings: Settings, join: Worker, naive: NaiveJoin | None, out: Path,
+                 broker: LocalBroker | None) -> None:
+        self.settings = settings
+        self.join = join
+        self.naive = naive
+        self.broker = broker
+        self.samples: list[dict] = []
+        self.progress: Progress | None = None
+        names = topic_names(settings)
+        self.topics = {"changelog": changelog_name(settings), "frames": names["frames"],
+                       "detections": names["detections"], "joined": names["joined"]}
+
+    async def run(self) -> None:
+        while True:
+            began = time.monotonic()
+            self.samples.append(await asyncio.to_thread(self.sample))
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
+
+    def sample(self) -> dict:
+        progress = self.progress
+        stats = self._join_stats()
+        sample = {
+            "t": round(progress.elapsed(), 2),
+            "pairs_sent": progress.pairs_sent,
+            "ours": {
+                "rss_bytes": rss_of(self.join.process.pid),
+                "cpu_s": cpu_seconds_of(self.join.process.pid),
+                "pending_entries": stats.get("join_pending_entries", stats.get("join_state_entries", 0)),
+                "pending_bytes": stats.get("join_pending_bytes", stats.get("join_state_bytes", 0)),
+                "state_bytes": stats.get("join_state_bytes", 0),
+                "rocksdb_disk_bytes": stats.get("rocksdb_disk_bytes", 0),
+                "rocksdb_memory_bytes": stats.get("rocksdb_memory_bytes", 0),
+                "stream_buffer_bytes": stats.get("stream_buffer_bytes", 0),
+                "dropped_records": stats.get("budget_dropped_records_total", 0),
+                "out": progress.out["ours"],
+                "unmatched": stats.get("join_unmatched_frames_total", 0),
+            },
+            "load": {"rss_bytes": rss_of(os.getpid()), "slow_sink_read": progress.slow_sink_read},
+            "broker_topic_bytes": self._topic_bytes(),
+        }
+        if self.naive is not None:
+            naive = self.naive.stats()
+            sample["naive"] = {"rss_bytes": rss_of(self.naive.process.pid),
+                               "cpu_s": cpu_seconds_of(self.naive.process.pid),
+                               "pending_entries": naive.get("join_pending_entries", 0),
+                               "pending_bytes": naive.get("join_pending_bytes", 0),
+                               "out": progress.out["naive"]}
+        return sample
+
+    def _join_stats(self) -> dict:
+        try:
+            return self.join.stats()
+        except OSError:
+            return {}  # busy or between restarts; the sample shows zeros rather than stopping
+
+    def _topic_bytes(self) -> dict[str, int] | None:
+        if self.broker is None:
+            return None
+        totals = dict.fromkeys(self.topics, 0)
+        by_name = {name: role for role, name in self.topics.items()}
+        for entry in os.scandir(self.broker.log_dirs):
+            role = by_name.get(entry.name.rsplit("-", 1)[0])
+            if role is not None and entry.is_dir():
+                totals[role] += directory_bytes(Path(entry.path))
+        return totals
+
+
+# --------------------------------------------------------------------------------------------
+# report and charts
+
+
+def build_report(options: SoakOptions, settings: Settings, progress: Progress, samples: list[dict]) -> dict:
+    sent_s = progress.sending_done or progress.elapsed()
+    input_rate = progress.pairs_sent / sent_s if sent_s else 0.0
+    frame_bytes = progress.frame_bytes / max(1, progress.pairs_sent)
+    rocksdb_bound = 2 * input_rate * settings.join_ttl_s * frame_bytes + 64 * MIB
+    ours = [sample["ours"] for sample in samples]
+    rss_growth = rss_growth_second_half(samples, progress.pairs_sent)
+    changelog = [sample["broker_topic_bytes"]["changelog"] for sample in samples if sample["broker_topic_bytes"]]
+    report = {
+        "scenario": options.scenario,
+        "options": {**dataclasses.asdict(options), "out": str(options.out), "size": list(options.size)},
+        "machine": machine(),
+        "memory_budget_bytes": settings.memory_budget_bytes,
+        "join_ttl_s": settings.join_ttl_s,
+        "pairs_sent": progress.pairs_sent,
+        "results_sent": progress.results_sent,
+        "mean_frame_record_bytes": round(frame_bytes),
+        "sending_s": round(sent_s, 1),
+        "input_pairs_per_s": round(input_rate, 1),
+        "ours": {
+            "out": progress.out["ours"],
+            "matched": progress.matched["ours"],
+            "pairs_per_s": round(progress.output_rate("ours"), 1),
+            "pairs_per_cpu_s": pairs_per_cpu_second(samples, "ours", progress.matched["ours"]),
+            "latency_s": percentile_summary(progress.latencies["ours"]),
+            "peak_rss_bytes": max((sample["rss_bytes"] for sample in ours), default=0),
+            "rss_growth_50_to_100_percent": rss_growth,
+            "peak_pending_bytes": max((sample["pending_bytes"] for sample in ours), default=0),
+            "peak_rocksdb_disk_bytes": max((sample["rocksdb_disk_bytes"] for sample in ours), default=0),
+            "rocksdb_disk_bound_bytes": round(rocksdb_bound),
+            "peak_changelog_bytes": max(changelog, default=None),
+            "changelog_growth_last_quarter": growth_last_quarter(changelog),
+            "dropped_records": ours[-1]["dropped_records"] if ours else 0,
+        },
+    }
+    if samples and "naive" in samples[-1]:
+        naive = [sample["naive"] for sample in samples]
+        report["naive"] = {
+            "out": progress.out["naive"],
+            "pairs_per_s": round(progress.output_rate("naive"), 1),
+            "pairs_per_cpu_s": pairs_per_cpu_second(samples, "naive", progress.matched["naive"]),
+            "latency_s": percentile_summary(progress.latencies["naive"]),
+            "peak_rss_bytes": max(sample["rss_bytes"] for sample in naive),
+            "final_pending_bytes": naive[-1]["pending_bytes"],
+            "peak_pending_bytes": max(sample["pending_bytes"] for sample in naive),
+        }
+    report["targets"] = targets(report)
+    report["samples"] = samples
+    return report
+
+
+def percentile_summary(values: list[float]) -> dict[str, float | int]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"count": 0}
+
+    def at(fraction: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 4)
+
+    return {"count": len(ordered), "p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1], 4)}
+
+
+def pairs_per_cpu_second(samples: list[dict], engine: str, matched: int) -> float | None:
+    """Matched pairs per second of CPU the join process used: its throughput on one core,
+    whatever else the machine was doing."""
+    used = samples[-1][engine]["cpu_s"] - samples[0][engine]["cpu_s"] if samples else 0
+    return round(matched / used, 1) if used > 0 else None
+
+
+def rss_growth_second_half(samples: list[dict], pairs: int) -> float | None:
+    """Relative growth of the join's RSS from 50 % to 100 % of the pairs sent."""
+    half = next((s["ours"]["rss_bytes"] for s in samples if s["pairs_sent"] >= pairs / 2), None)
+    full = next((s["ours"]["rss_bytes"] for s in samples if s["pairs_sent"] >= pairs), None)
+    if not half or full is None:
+        return None
+    return round((full - half) / half, 4)
+
+
+def growth_last_quarter(values: list[int]) -> float | None:
+    """Peak of the last quarter over the peak of the second quarter: about 1 when it plateaued."""
+    if len(values) < 8:
+        return None
+    quarter = len(values) // 4
+    earlier = max(values[quarter:2 * quarter])
+    return round(max(values[3 * quarter:]) / earlier, 3) if earlier else None
+
+
+def targets(report: dict) -> dict[str, bool | None]:
+    ours = report["ours"]
+    growth = ours["rss_growth_50_to_100_percent"]
+    changelog = ours["changelog_growth_last_quarter"]
+    return {
+        "rss_below_budget_at_every_sample": ours["peak_rss_bytes"] < report["memory_budget_bytes"],
+        "rss_growth_50_to_100_percent_below_2_percent": None if growth is None else growth < 0.02,
+        "rocksdb_disk_within_bound": ours["peak_rocksdb_disk_bytes"] <= ours["rocksdb_disk_bound_bytes"],
+        "changelog_bytes_bounded": None if changelog is None else changelog <= 1.25,
+        "throughput_at_least_1000_pairs_per_s_on_one_core": (ours["pairs_per_cpu_s"] or 0) >= 1000,
+    }
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": memory, "python": platform.python_version(),
+            "system": platform.platform()}
+
+
+def draw_charts(out: Path, report: dict, samples: list[dict]) -> None:
+    engines = [engine for engine in ("ours", "naive") if samples and engine in samples[-1]]
+    label = {"ours": "join (RocksDB window)", "naive": "naive dict join"}
+
+    def series(engine: str, field: str) -> list[tuple[float, float]]:
+        return [(sample["t"], sample[engine][field]) for sample in samples]
+
+    title = f"{report['scenario']}: {report['pairs_sent']} pairs"
+    line_chart(out / "rss.png", f"{title} - RSS",
+               {f"{label[engine]} RSS": series(engine, "rss_bytes") for engine in engines},
+               limits={"memory budget": report["memory_budget_bytes"]})
+    disk = {"RocksDB on disk": series("ours", "rocksdb_disk_bytes")}
+    topics = [(sample["t"], sample["broker_topic_bytes"]) for sample in samples if sample["broker_topic_bytes"]]
+    for role in ("changelog", "frames", "detections"):
+        if topics:
+            disk[f"topic {role}"] = [(t, values[role]) for t, values in topics]
+    line_chart(out / "disk.png", f"{title} - disk", disk,
+               limits={"RocksDB bound": report["ours"]["rocksdb_disk_bound_bytes"]})
+    line_chart(out / "pending.png", f"{title} - pending join state",
+               {f"{label[engine]} pending": series(engine, "pending_bytes") for engine in engines})
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.25)
