@@ -176,6 +176,7 @@ def configure_produce(parser: argparse.ArgumentParser) -> None:
 def run_produce(args: argparse.Namespace) -> int:
     from streamapp.agents.source import Pacer, SourceError, new_epoch, synthetic_frames, video_file_frames
     from streamapp.groundtruth import GroundTruthWriter
+    from streamapp.progress import Progress
     from streamapp.publisher import FramePublisher, interleave, paced
 
     settings = Settings.from_env()
@@ -195,13 +196,16 @@ def run_produce(args: argparse.Namespace) -> int:
 
     async def publish() -> int:
         pacer = Pacer(args.fps * len(sources) if args.fps else None)
-        async with FramePublisher(settings) as publisher:
-            async for frame, boxes in paced(interleave(sources), pacer.delay):
-                await publisher.publish(frame)
-                if truth is not None:
-                    truth.write(frame.id, boxes)
-            await publisher.flush()
-            return publisher.published
+        # A video may end before --frames; the bar then stops short of its total.
+        with Progress("produce", total=args.frames * len(sources), unit="frames") as progress:
+            async with FramePublisher(settings) as publisher:
+                async for frame, boxes in paced(interleave(sources), pacer.delay):
+                    await publisher.publish(frame)
+                    if truth is not None:
+                        truth.write(frame.id, boxes)
+                    progress.advance()
+                await publisher.flush()
+                return publisher.published
 
     try:
         began = time.monotonic()
