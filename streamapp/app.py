@@ -20,7 +20,7 @@ import faust
 from streamapp import topics as topic_defs
 from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
 from streamapp.deadletter import DeadLetters
-from streamapp.metrics import PROMETHEUS_CONTENT_TYPE, Metrics, consumer_lag_gauges, memory_budget_gauges
+from streamapp.metrics import PROMETHEUS_CONTENT_TYPE, Metrics, consumer_gauges, memory_budget_gauges
 from streamapp.settings import Settings
 from streamapp.tables.memory import RocksMemory, shared_rocks_memory
 from streamapp.tables.window import STORE_URL
@@ -132,7 +132,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     metrics = Metrics()
     metrics.add_gauges(app.budget_gauges)
     metrics.add_gauges(lambda: memory_budget_gauges(settings.memory_budget_bytes))
-    metrics.add_gauges(lambda: consumer_lag_gauges(app))
+    metrics.add_gauges(lambda: consumer_gauges(app))
     metrics.declare(*(f"{name}_dead_lettered_total" for name in settings.stages))
     names = topic_defs.topic_names(settings)
     app_topics = AppTopics(**{

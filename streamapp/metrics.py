@@ -64,6 +64,7 @@ HELP: dict[str, str] = {
     "join_dead_lettered_total": "Records the join sent to the dead-letter topic.",
     "sink_dead_lettered_total": "Records the sink sent to the dead-letter topic.",
     "kafka_consumer_lag_records": "Records in a partition after the worker's last committed offset.",
+    "kafka_consumer_assigned_partitions": "Partitions of a topic assigned to this worker.",
     "process_resident_memory_bytes": "Resident memory of the worker now.",
     "process_peak_resident_memory_bytes": "Highest resident memory of the worker so far.",
     "memory_budget_used_ratio": "Resident memory as a fraction of the memory budget.",
@@ -219,10 +220,11 @@ def memory_budget_gauges(budget_bytes: int) -> dict[str, float]:
     return {"memory_budget_used_ratio": round(rss_bytes() / budget_bytes, 4)}
 
 
-def consumer_lag_gauges(app) -> dict[str, float]:
-    """Per assigned partition: log end offset minus the offset this worker last committed.
+def consumer_gauges(app) -> dict[str, float]:
+    """Partitions assigned to this worker per topic, and the lag of each: log end offset minus
+    the offset this worker last committed.
 
-    Partitions appear from their first commit on (Faust's monitor records commits); the end
+    Lag appears from a partition's first commit on (Faust's monitor records commits); the end
     offset is the high watermark of the consumer's latest fetch.
     """
     consumer = app.consumer
@@ -232,6 +234,8 @@ def consumer_lag_gauges(app) -> dict[str, float]:
         assigned = consumer.assignment()
     except ConsumerNotStarted:
         return values
+    for topic, count in sorted(Counter(tp.topic for tp in assigned).items()):
+        values[sample_name("kafka_consumer_assigned_partitions", topic=topic)] = count
     for tp in sorted(assigned):
         end, position = consumer.highwater(tp), committed.get(tp)
         if end is not None and position is not None:

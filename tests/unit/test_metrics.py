@@ -12,7 +12,7 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
-from streamapp.metrics import HELP, Histogram, Metrics, consumer_lag_gauges, prometheus_text, sample_name
+from streamapp.metrics import HELP, Histogram, Metrics, consumer_gauges, prometheus_text, sample_name
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -115,8 +115,9 @@ class _App:
 def test_consumer_lag_is_end_offset_minus_committed_for_partitions_known_so_far():
     frames0, frames1, frames2 = TP("frames", 0), TP("frames", 1), TP("frames", 2)
     app = _App(_Consumer({frames0: 120, frames1: 50, frames2: None}), {frames0: 100, frames2: 3})
-    assert consumer_lag_gauges(app) == {'kafka_consumer_lag_records{topic="frames",partition="0"}': 20}
-    assert consumer_lag_gauges(_App(_Consumer({}, started=False), {})) == {}
+    assert consumer_gauges(app) == {'kafka_consumer_assigned_partitions{topic="frames"}': 3,
+                                    'kafka_consumer_lag_records{topic="frames",partition="0"}': 20}
+    assert consumer_gauges(_App(_Consumer({}, started=False), {})) == {}
 
 
 def test_every_metric_is_documented_in_operations_md():
@@ -129,4 +130,4 @@ def test_metric_names_follow_prometheus_conventions(name):
     assert re.fullmatch(r"[a-z][a-z0-9_]*", name)
     if name.endswith("_total"):
         return
-    assert re.search(r"_(bytes|seconds|entries|records|ratio|streams|active|partition)$", name), name
+    assert re.search(r"_(bytes|seconds|entries|records|ratio|streams|active|partition|partitions)$", name), name
