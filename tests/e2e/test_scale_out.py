@@ -1,0 +1,145 @@
+"""Scale-out: two worker processes per stage on the real broker share each stage's partitions, and
+the output is complete: every frame leaves the join exactly once and is written exactly once.
+
+Each pair is one consumer group, so Kafka splits the partitions between the two; each sink writes
+to its own folder (see docs/operations.md, "Scaling out"). Frames are small and the bucket size is
+small too, so the few frames spread over every partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+import uuid
+from collections import Counter
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamapp import wire
+from streamapp.agents.sink import frame_path
+from streamapp.agents.source import new_epoch, synthetic_frames
+from streamapp.broker import free_port
+from streamapp.demo import Worker
+from streamapp.metrics import HELP, sample_name
+from streamapp.publisher import FramePublisher, interleave
+from streamapp.settings import STAGES, Settings
+from streamapp.topics import ensure_topics, topic_names
+
+pytestmark = pytest.mark.e2e
+
+REPLICAS = 2
+STREAMS, FRAMES = 2, 40
+INPUT_TOPIC = {"resize": "frames", "infer": "scaled", "join": "frames", "sink": "joined"}
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}", pytrace=False)
+        time.sleep(0.5)
+
+
+def assigned(worker: Worker) -> int:
+    topic = topic_names(worker.settings)[INPUT_TOPIC[worker.stage]]
+    return int(worker.stats().get(sample_name("kafka_consumer_assigned_partitions", topic=topic), 0))
+
+
+def shared_evenly(workers: list[Worker], partitions: int) -> bool:
+    """Every worker has partitions of its stage's input, and each stage's add up to all of them."""
+    counts = {worker: assigned(worker) for worker in workers}
+    per_stage = Counter()
+    for worker, count in counts.items():
+        per_stage[worker.stage] += count
+    return all(counts.values()) and set(per_stage.values()) == {partitions}
+
+
+async def publish(settings: Settings) -> set[wire.FrameId]:
+    epoch = new_epoch()
+    streams = [synthetic_frames(f"cam{number}", epoch, FRAMES, 160, 120, seed=number)
+               for number in range(1, STREAMS + 1)]
+    async with FramePublisher(settings) as publisher:
+        produced = set()
+        for frame, _ in interleave(streams):
+            await publisher.publish(frame)
+            produced.add(frame.id)
+        await publisher.flush()
+    return produced
+
+
+async def joined_ids(settings: Settings, expected: int, timeout_s: float) -> Counter:
+    """Frame ids on the joined topic, read until ``expected`` distinct ones and a little longer."""
+    consumer = AIOKafkaConsumer(topic_names(settings)["joined"], bootstrap_servers=settings.bootstrap_servers,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    seen: Counter = Counter()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=1000)
+            for records in batches.values():
+                seen.update(wire.decode_joined(record.value).frame.id for record in records)
+            if len(seen) >= expected and not batches:
+                break  # complete, and one more second brought no duplicate
+    finally:
+        await consumer.stop()
+    return seen
+
+
+def metric_families(worker: Worker) -> dict:
+    url = f"http://127.0.0.1:{worker.settings.web_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return {family.name: family for family in text_string_to_metric_families(response.read().decode())}
+
+
+def test_two_workers_per_stage_share_partitions_and_output_every_frame_once(kafka_bootstrap, tmp_path):
+    base = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"scale-{uuid.uuid4().hex[:8]}.",
+                    partitions=4, bucket_size=4, join_ttl_s=30.0, resize_width=160, resize_height=120)
+    asyncio.run(ensure_topics(base))
+    workers: list[Worker] = []
+    try:
+        for replica in range(REPLICAS):
+            logs = tmp_path / f"logs-{replica}"
+            logs.mkdir()
+            for stage in STAGES:
+                workers.append(Worker(stage, base.replace(
+                    stages=(stage,), web_port=free_port(), data_dir=tmp_path / f"data-{stage}-{replica}",
+                    out_dir=tmp_path / f"out-{replica}"), logs))
+        wait_for(lambda: all(worker.ready() for worker in workers), 150, "8 workers to start")
+        wait_for(lambda: shared_evenly(workers, base.partitions), 90,
+                 "each stage's partitions to be split between its two workers")
+
+        produced = asyncio.run(publish(base))
+        seen = asyncio.run(joined_ids(base, len(produced), timeout_s=120))
+
+        assert set(seen) == produced
+        assert [frame_id for frame_id, count in seen.items() if count > 1] == []
+        def files_written() -> Counter:
+            return Counter(frame_id for frame_id in produced for replica in range(REPLICAS)
+                           if frame_path(tmp_path / f"out-{replica}", frame_id).exists())
+
+        wait_for(lambda: len(files_written()) == len(produced), 60, "the sinks to write every frame")
+        assert set(files_written().values()) == {1}
+
+        stats = {worker: worker.stats() for worker in workers}
+        processed = {"resize": "resize_frames_in_total", "infer": "infer_frames_in_total",
+                     "join": "join_frames_in_total", "sink": "sink_records_in_total"}
+        for worker, values in stats.items():
+            assert values[processed[worker.stage]] > 0, f"a {worker.stage} worker processed nothing"
+        for stage, counter in processed.items():
+            assert sum(values[counter] for worker, values in stats.items() if worker.stage == stage) \
+                == len(produced), stage
+        joins = [values for worker, values in stats.items() if worker.stage == "join"]
+        assert sum(values["join_joined_total"] for values in joins) == len(produced)
+        assert sum(values["join_unmatched_frames_total"] + values["join_duplicates_total"] for values in joins) == 0
+
+        for worker in workers:
+            undocumented = {name for name, family in metric_families(worker).items() if not family.documentation}
+            assert not undocumented, f"{worker.stage}: metrics without help: {sorted(undocumented)}"
+    finally:
+        for worker in workers:
+            worker.stop()
