@@ -131,6 +131,7 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
             workers.append(Worker(stage, base.replace(
                 stages=(stage,), web_port=free_port(), data_dir=out / ".data" / stage), out / "logs"))
         _wait_until(lambda: all(worker.ready() for worker in workers), 120, "workers to be ready")
+        _announce_web_pages(workers)
         produced = asyncio.run(_produce(options, base))
         outcome = asyncio.run(_collect(options, base, produced))
         elapsed = time.monotonic() - produced.started
@@ -150,6 +151,14 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
     if not summary["exactly_once"]:
         raise DemoFailed(f"not every frame came out exactly once; see {out / 'summary.json'}")
     return summary
+
+
+def _announce_web_pages(workers: list[Worker]) -> None:
+    """Where to watch the run live: the sink's preview page and every stage's metrics."""
+    pages = [f"{worker.stage} metrics: http://127.0.0.1:{worker.settings.web_port}/metrics" for worker in workers]
+    sink = next(worker for worker in workers if worker.stage == "sink")
+    pages.insert(0, f"live preview: http://127.0.0.1:{sink.settings.web_port}/preview/")
+    print("\n".join(f"streamapp: {page}" for page in pages), file=sys.stderr, flush=True)
 
 
 def ensure_broker(options: DemoOptions, settings: Settings) -> tuple[LocalBroker | None, Settings]:
