@@ -60,8 +60,10 @@ class MemoryPlan:
             rocksdb_bytes=budget // 4,
             stream_buffer_bytes=max(record, budget // 4 // len(settings.stages)),
             fetch_bytes_per_partition=min(record, max(_MIN_FETCH_BYTES, fetch_share // fetched)),
-            # aiokafka keeps a batch being filled and one in flight per partition.
-            producer_batch_bytes=min(_MAX_BATCH_BYTES, max(_MIN_BATCH_BYTES, producer_share // (2 * produced))),
+            # aiokafka keeps a batch being filled and one in flight per partition. A batch larger
+            # than a topic's max.message.bytes is refused by the broker whole, after the send.
+            producer_batch_bytes=min(record, _MAX_BATCH_BYTES,
+                                     max(_MIN_BATCH_BYTES, producer_share // (2 * produced))),
             send_buffer_records=max(_MIN_SEND_BUFFER_RECORDS, producer_share // record),
         )
 
