@@ -151,6 +151,7 @@ def now_ms() -> int:
 
 def register(stage) -> None:
     """The Faust side: one agent over frames + detections, and the sweep timer."""
+    from streamapp.tables.disk import DiskGuard
     from streamapp.tables.window import DueOutcome, JoinWindow
     from streamapp.topics import JOIN_TABLE, changelog_config, max_record_bytes
 
@@ -168,7 +169,9 @@ def register(stage) -> None:
                     latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
     topics = stage.topics
     record_limit = max_record_bytes(settings)
+    disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir)
     stage.metrics.add_gauges(joiner.counts.as_metrics)
+    stage.metrics.add_gauges(disk.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
     both_sides = stage.app.topic(topics.frames.get_topic_name(), topics.detections.get_topic_name(),
                                  key_serializer="raw", value_serializer="raw")
@@ -176,6 +179,7 @@ def register(stage) -> None:
     @stage.app.agent(both_sides, name="join")
     async def join(stream):
         async for event in stream.events():
+            await disk.wait_for_space()
             state = HeldWrites(window)
             try:
                 record = wire.decode(event.value, max_frame_bytes=settings.max_frame_bytes)
@@ -208,3 +212,4 @@ def register(stage) -> None:
     @stage.app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():
         await window.sweep(now_ms(), on_due)
+        await disk.tend(window, on_due)

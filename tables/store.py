@@ -95,6 +95,16 @@ class JoinPartition:
                 found.append((key, value))
         return found
 
+    def by_deadline(self) -> Iterator[tuple[int, int]]:
+        """(deadline, value length) of every entry, earliest deadline first."""
+        for index_key, value in self._index.items():
+            yield _DEADLINE.unpack_from(index_key)[0], _INDEX_VALUE.unpack(value)[1]
+
+    def compact(self) -> None:
+        """Rewrite the files without deleted entries, so their disk space comes back now."""
+        self.db.compact_range(None, None)
+        self._index.compact_range(None, None)
+
     def oldest_deadline_ms(self) -> Optional[int]:
         for index_key in self._index.keys():
             return _DEADLINE.unpack_from(index_key)[0]
