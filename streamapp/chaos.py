@@ -211,24 +211,29 @@ class JoinedTopic:
         self.outcomes.setdefault(frame_id, set()).add("joined" if joined.matched else "unmatched")
 
 
-async def read_joined(settings: Settings) -> JoinedTopic:
-    """Every record of the ``joined`` topic, from the beginning to the current end."""
-    topic = topic_names(settings)["joined"]
+async def read_topic(settings: Settings, topic: str, partitions: int) -> list:
+    """Every record of ``topic``, from the beginning to its end when called."""
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
                                 max_partition_fetch_bytes=max_record_bytes(settings))
     await consumer.start()
-    contents = JoinedTopic()
+    records = []
     try:
-        partitions = [TopicPartition(topic, number) for number in range(settings.partitions)]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
+        assigned = [TopicPartition(topic, number) for number in range(partitions)]
+        consumer.assign(assigned)
+        await consumer.seek_to_beginning(*assigned)
+        ends = await consumer.end_offsets(assigned)
         while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for record in records:
-                    contents.add(wire.decode_joined(record.value))
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
     finally:
         await consumer.stop()
+    return records
+
+
+async def read_joined(settings: Settings) -> JoinedTopic:
+    contents = JoinedTopic()
+    for record in await read_topic(settings, topic_names(settings)["joined"], settings.partitions):
+        contents.add(wire.decode_joined(record.value))
     return contents
 
 
