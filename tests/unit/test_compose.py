@@ -45,6 +45,23 @@ def ours(service: dict) -> bool:
     return "build" in service
 
 
+def profile(service: dict) -> str:
+    """The profile a service belongs to; "" for the default stack that `docker compose up` runs."""
+    profiles = service.get("profiles", [])
+    assert len(profiles) <= 1, f"a service in several profiles: {profiles}"
+    return profiles[0] if profiles else ""
+
+
+def interpolate(value) -> str:
+    """Compose's ``${VAR:-default}`` with no variable set."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value))
+
+
+def kafka_nodes(in_profile: str) -> dict[str, dict]:
+    return {name: service for name, service in SERVICES.items()
+            if service.get("image", "").startswith("apache/kafka") and profile(service) == in_profile}
+
+
 def commands_of(program: str) -> list[tuple[str, list[str]]]:
     found = [(name, argv(s)) for name, s in SERVICES.items()]
     return [(name, args) for name, args in found if args and args[0] == program]
@@ -74,6 +91,7 @@ def test_depends_on_names_existing_services_with_valid_conditions():
         for other, condition in depends_on(service).items():
             assert other in SERVICES, f"{name} depends on unknown service {other}"
             assert other != name
+            assert profile(SERVICES[other]) == profile(service), f"{name} depends on {other} of another profile"
             assert condition in ("service_started", "service_healthy", "service_completed_successfully")
             if condition == "service_healthy":
                 assert "healthcheck" in SERVICES[other], f"{other} has no healthcheck for {name} to wait on"
@@ -125,13 +143,18 @@ def test_every_service_environment_is_valid_settings():
         env = environment(service)
         if ours(service):
             settings = Settings.from_env(env)
-            host = settings.bootstrap_servers.split(":")[0]
-            assert host in SERVICES, f"{name}: STREAMAPP_BROKER names unknown host {host}"
+            for address in settings.bootstrap_servers.split(","):
+                host = address.split(":")[0]
+                assert host in SERVICES, f"{name}: STREAMAPP_BROKER names unknown host {host}"
+                assert profile(SERVICES[host]) == profile(service), f"{name} uses {host} of another profile"
 
 
-def test_one_worker_per_stage():
+@pytest.mark.parametrize("in_profile", ["", "cluster"])
+def test_one_worker_service_per_stage_in_each_profile(in_profile):
     staged = {}
     for name, args in commands_of("faust"):
+        if profile(SERVICES[name]) != in_profile:
+            continue
         stages = environment(SERVICES[name]).get("STREAMAPP_STAGES", "")
         assert stages, f"worker {name} does not set STREAMAPP_STAGES"
         for stage in (s.strip() for s in stages.split(",")):
@@ -151,3 +174,38 @@ def test_kafka_is_single_node_kraft_for_16mib_frames():
     assert int(env["KAFKA_REPLICA_FETCH_MAX_BYTES"]) >= 16 * MIB
     assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith(env["KAFKA_NODE_ID"] + "@")
     assert "kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+
+
+def test_cluster_profile_is_three_kraft_brokers_that_replicate_every_topic_three_times():
+    nodes = kafka_nodes("cluster")
+    assert len(nodes) == 3
+    envs = {name: environment(service) for name, service in nodes.items()}
+    voters = {f"{env['KAFKA_NODE_ID']}@{name}:9093" for name, env in envs.items()}
+    assert len({env["KAFKA_NODE_ID"] for env in envs.values()}) == 3
+    for name, env in envs.items():
+        assert set(env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")) == voters
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+        assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) >= 16 * MIB
+        for replication in ("KAFKA_DEFAULT_REPLICATION_FACTOR", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+                            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"):
+            assert env[replication] == "3", (name, replication)
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+        assert "healthcheck" in nodes[name]
+    assert len({env["CLUSTER_ID"] for env in envs.values()}) == 1
+    assert len({str(service.get("volumes")) for service in nodes.values()}) == 3
+
+
+def test_cluster_workers_run_several_replicas_each_with_its_own_data():
+    workers = [name for name, _ in commands_of("faust") if profile(SERVICES[name]) == "cluster"]
+    brokers = kafka_nodes("cluster")
+    for name in workers:
+        service = SERVICES[name]
+        assert int(interpolate(service["deploy"]["replicas"])) >= 2, name
+        settings = Settings.from_env(environment(service))
+        assert settings.replication_factor == len(brokers) == 3
+        assert {address.split(":")[0] for address in settings.bootstrap_servers.split(",")} == set(brokers)
+        # Replicas share a named volume's folder, and RocksDB allows one process per folder.
+        named = [volume for volume in service.get("volumes", []) if not volume.startswith("/")]
+        assert named == [], f"{name}: replicas would share {named}"
