@@ -1,0 +1,278 @@
+"""Runs a scenario against a join worker process and judges what came out of it.
+
+A run replays the scenario's records into the worker's ``frames`` and ``detections`` topics,
+reads ``joined`` as it goes and samples the worker's ``/streamapp/stats/`` for its pending state.
+It ends when the worker has consumed every record, holds nothing pending and every frame is out
+(then reads one more second, to catch a duplicate). The judge compares the outcome with what the
+join's own decision predicts for the same records (``streamapp.replay.predict``), frame by frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import os
+import time
+import uuid
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from streamapp import replay, wire
+from streamapp.broker import free_port
+from streamapp.demo import Worker
+from streamapp.recording import Record
+from streamapp.scenario import ReplayPlan, Scenario
+from streamapp.settings import Settings
+from streamapp.topics import max_record_bytes, topic_names
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+# Scheduling slack on a loaded 2-core machine, added to every timing bound (never a pass on its own).
+SLACK_S = 1.5
+COUNTERS = {"frames": "join_frames_in_total", "results": "join_results_in_total",
+            "joined": "join_joined_total", "unmatched": "join_unmatched_frames_total",
+            "orphan": "join_orphan_results_total", "late": "join_late_results_total",
+            "duplicates": "join_duplicates_total"}
+
+
+def user_recordings() -> list[Path] | None:
+    """``REPLAY_RECORDING`` (paths separated by ``:``) replaces the recordings of every scenario;
+    the expected counters then come from the prediction instead of the scenario files."""
+    value = os.environ.get("REPLAY_RECORDING")
+    return [Path(path) for path in value.split(os.pathsep)] if value else None
+
+
+def join_settings(bootstrap: str, scenario: Scenario, data_dir: Path) -> Settings:
+    base = Settings(broker=f"kafka://{bootstrap}", topic_prefix=f"replay-{uuid.uuid4().hex[:8]}.",
+                    stages=("join",), data_dir=data_dir, web_port=free_port())
+    return scenario.settings(base)
+
+
+def start_join(settings: Settings, log_dir: Path, timeout_s: float = 120.0) -> Worker:
+    """A join worker process, once it says it is ready (its topics exist then)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    worker = Worker("join", settings, log_dir)
+    wait_until(worker.ready, timeout_s, "the join worker to be ready")
+    return worker
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def plan_for(scenario: Scenario, settings: Settings) -> ReplayPlan:
+    return ReplayPlan(user_recordings() or scenario.recordings, scenario.transforms, seed=scenario.seed,
+                      speed=scenario.speed, settings=settings, by_key=True, fresh_epochs=True)
+
+
+def to_pipeline(records, settings: Settings):
+    """Frames to the worker's ``frames``, results to its ``detections``, whatever they were
+    recorded from; anything else is not the join's input and stays out."""
+    names = topic_names(settings)
+    topics = {"frames": names["frames"], "results": names["detections"]}
+    for record in records:
+        side = replay.side_of(record)
+        if side is not None:
+            yield dataclasses.replace(record, topic=topics[side])
+
+
+# --- one run ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Output:
+    joined: wire.Joined
+    timestamp_ms: int
+
+
+@dataclasses.dataclass
+class Outcome:
+    counts: dict[str, int]
+    max_pending_entries: int = 0
+    max_pending_bytes: int = 0
+    outputs: list[Output] = dataclasses.field(default_factory=list)
+    sent: list[replay.Sent] = dataclasses.field(default_factory=list)
+    drained_after_s: float | None = None  # from the last record sent to no pending entry
+
+    def line(self, name: str) -> str:
+        counts = " ".join(f"{key}={self.counts.get(key, 0)}" for key in COUNTERS)
+        return (f"{name}: {counts} max_pending_entries={self.max_pending_entries} "
+                f"max_pending_bytes={self.max_pending_bytes}")
+
+
+class Sampler:
+    """Polls the worker's stats: the last snapshot, and the peaks of its pending state."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.last: dict = {}
+        self.max_entries = self.max_bytes = 0
+        self.zero_since: float | None = None
+
+    async def poll(self) -> dict:
+        self.last = await asyncio.to_thread(self.worker.stats)
+        entries = int(self.last.get("join_pending_entries", 0))
+        self.max_entries = max(self.max_entries, entries)
+        self.max_bytes = max(self.max_bytes, int(self.last.get("join_pending_bytes", 0)))
+        if entries:
+            self.zero_since = None
+        elif self.zero_since is None:
+            self.zero_since = time.monotonic()
+        return self.last
+
+    async def run(self, interval_s: float = 0.1) -> None:
+        while True:
+            await self.poll()
+            await asyncio.sleep(interval_s)
+
+
+class JoinedReader:
+    """Reads ``joined`` from its end at the start of the run."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
+                                         max_partition_fetch_bytes=max_record_bytes(settings))
+        self.topic = topic_names(settings)["joined"]
+        self.outputs: list[Output] = []
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        await self.consumer._client.force_metadata_update()  # aiokafka learns of topics lazily
+        partitions = [TopicPartition(self.topic, number)
+                      for number in sorted(self.consumer.partitions_for_topic(self.topic) or ())]
+        assert partitions, f"topic {self.topic} does not exist"
+        self.consumer.assign(partitions)
+        await self.consumer.seek_to_end(*partitions)
+        for partition in partitions:
+            await self.consumer.position(partition)  # fixes the start before anything is sent
+
+    async def read(self, timeout_ms: int = 200) -> None:
+        for records in (await self.consumer.getmany(timeout_ms=timeout_ms)).values():
+            self.outputs += [Output(wire.decode_joined(record.value), record.timestamp) for record in records]
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+
+
+def counter_values(stats: dict) -> dict[str, int]:
+    return {key: int(stats.get(metric, 0)) for key, metric in COUNTERS.items()}
+
+
+async def run_scenario(worker: Worker, settings: Settings, records: list[Record], speed: float | None,
+                       prediction: replay.Prediction, *, timeout_s: float = 90.0) -> Outcome:
+    sampler = Sampler(worker)
+    before = counter_values(await sampler.poll())
+    reader = JoinedReader(settings)
+    await reader.start()
+    sent: list[replay.Sent] = []
+    sampling = asyncio.create_task(sampler.run())
+    try:
+        target = replay.ReplayTarget({}, {}, by_key=True)
+        await replay.publish(records, settings, target, speed=speed, on_sent=sent.append)
+        last_sent = time.monotonic()
+        expected_in = (prediction.counts["frames_in"], prediction.counts["results_in"])
+        frames_out = len(prediction.joined | prediction.unmatched)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            await reader.read()
+            counts = _delta(counter_values(sampler.last), before)
+            consumed = (counts["frames"], counts["results"]) == expected_in
+            out = len({output.joined.frame.id for output in reader.outputs})
+            if consumed and out >= frames_out and sampler.zero_since is not None:
+                break
+            if time.monotonic() > deadline:
+                break  # the judge says what is missing
+        await asyncio.sleep(1.0)  # anything more would be a duplicate
+        await reader.read(timeout_ms=500)
+        await sampler.poll()
+    finally:
+        sampling.cancel()
+        await reader.stop()
+    outcome = Outcome(_delta(counter_values(sampler.last), before), sampler.max_entries, sampler.max_bytes,
+                      reader.outputs, sent)
+    if sampler.zero_since is not None:
+        outcome.drained_after_s = max(0.0, sampler.zero_since - last_sent)
+    return outcome
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {key: after[key] - before[key] for key in COUNTERS}
+
+
+# --- judging ----------------------------------------------------------------------------------
+
+
+def expected_counts(scenario: Scenario, prediction: replay.Prediction) -> dict[str, int]:
+    """The scenario file's counters for its own recording; the prediction's for a user's."""
+    if user_recordings() is None:
+        return scenario.expect
+    predicted = prediction.counts
+    return {key: predicted[metric.removeprefix("join_").removesuffix("_total")]
+            for key, metric in COUNTERS.items()}
+
+
+def sent_sides(sent: list[replay.Sent]) -> tuple[dict, dict]:
+    """First copy of every frame sent (value, Kafka timestamp) and of every result (decoded)."""
+    frames, results = {}, {}
+    for item in sent:
+        decoded = wire.decode(item.record.value)
+        if isinstance(decoded, wire.Frame):
+            frames.setdefault(decoded.id, (decoded, item.timestamp_ms))
+        else:
+            results.setdefault(decoded.id, decoded)
+    return frames, results
+
+
+def judge_outputs(outcome: Outcome, prediction: replay.Prediction) -> list[str]:
+    """Every frame out exactly once, joined or not as predicted, with its own pixels and its own
+    result's boxes (a join across streams or epochs would show here)."""
+    problems = []
+    frames, results = sent_sides(outcome.sent)
+    per_frame = collections.Counter(output.joined.frame.id for output in outcome.outputs)
+    repeated = {frame_id: count for frame_id, count in per_frame.items() if count > 1}
+    if repeated:
+        problems.append(f"{len(repeated)} frames came out more than once, e.g. {next(iter(repeated))}")
+    foreign = set(per_frame) - set(frames)
+    if foreign:
+        problems.append(f"{len(foreign)} outputs for frames never sent, e.g. {next(iter(foreign))}")
+    joined = {o.joined.frame.id for o in outcome.outputs if o.joined.matched}
+    unmatched = {o.joined.frame.id for o in outcome.outputs if not o.joined.matched}
+    if joined != prediction.joined:
+        problems.append(f"joined frames differ: {len(joined - prediction.joined)} unexpected, "
+                        f"{len(prediction.joined - joined)} missing")
+    if unmatched != prediction.unmatched:
+        problems.append(f"unmatched frames differ: {len(unmatched - prediction.unmatched)} unexpected, "
+                        f"{len(prediction.unmatched - unmatched)} missing")
+    for output in outcome.outputs:
+        frame_id = output.joined.frame.id
+        if frame_id in frames and output.joined.frame.jpeg != frames[frame_id][0].jpeg:
+            problems.append(f"{frame_id} came out with another frame's pixels")
+        if output.joined.matched and frame_id in results and (
+                output.joined.detections.boxes != results[frame_id].boxes
+                or output.joined.detections.id != frame_id):
+            problems.append(f"{frame_id} came out with another frame's result")
+    return problems
+
+
+def unmatched_ages_s(outcome: Outcome) -> list[float]:
+    """For each frame out unmatched: from when it was sent to when the worker emitted it."""
+    frames, _ = sent_sides(outcome.sent)
+    return [(output.timestamp_ms - frames[output.joined.frame.id][1]) / 1000
+            for output in outcome.outputs
+            if not output.joined.matched and output.joined.frame.id in frames]
+
+
+def most_sent_within(sent: list[replay.Sent], window_s: float) -> int:
+    """The most records sent in any window of ``window_s``: all that can be pending at once."""
+    times = sorted(item.timestamp_ms for item in sent)
+    most, start = 0, 0
+    for end, at in enumerate(times):
+        while at - times[start] > window_s * 1000:
+            start += 1
+        most = max(most, end - start + 1)
+    return most

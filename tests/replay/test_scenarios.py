@@ -1,0 +1,58 @@
+"""Replay scenarios against one join worker on the real broker, judged against the prediction.
+
+Every scenario replays its recording with fresh epochs into the same worker, one after the other,
+so their keys never meet; each waits until the worker holds nothing pending before the next starts.
+Each prints one line: frames, results, joined, unmatched, orphan, late, duplicates, max pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harness import (SCENARIOS, SLACK_S, expected_counts, join_settings, judge_outputs, most_sent_within,
+                     plan_for, run_scenario, start_join, to_pipeline, unmatched_ages_s)
+from streamapp import replay
+from streamapp.scenario import Scenario
+
+pytestmark = pytest.mark.replay
+
+SHARED = sorted(SCENARIOS.glob("*.json"))
+SHARED = [path for path in SHARED if Scenario.load(path).env == Scenario.load(SHARED[0]).env
+          and "worker" not in Scenario.load(path).expect]
+
+
+@pytest.fixture(scope="module")
+def join_worker(kafka_bootstrap, tmp_path_factory):
+    """One join worker for every scenario of this module (they share the join's settings)."""
+    folder = tmp_path_factory.mktemp("replay-join")
+    settings = join_settings(kafka_bootstrap, Scenario.load(SHARED[0]), folder / "data")
+    worker = start_join(settings, folder / "logs")
+    yield worker, settings
+    worker.stop()
+
+
+@pytest.mark.parametrize("path", SHARED, ids=[path.stem for path in SHARED])
+def test_scenario(path, join_worker):
+    worker, settings = join_worker
+    scenario = Scenario.load(path)
+    assert scenario.settings(settings) == settings, "the scenario needs a join with other settings"
+    plan = plan_for(scenario, settings)
+    records = list(to_pipeline(plan.records(), settings))
+    prediction = replay.predict(records, settings, speed=plan.speed)
+
+    outcome = asyncio.run(run_scenario(worker, settings, records, plan.speed, prediction))
+    print("\n" + outcome.line(scenario.name))
+
+    assert outcome.counts == expected_counts(scenario, prediction)
+    assert judge_outputs(outcome, prediction) == []
+    # Each frame that leaves unmatched lived its TTL from when it was sent (so at least from when
+    # it was stored), and no longer than TTL + one sweep interval.
+    ttl, sweep = settings.join_ttl_s, settings.sweep_interval_s
+    ages = unmatched_ages_s(outcome)
+    assert all(ttl <= age <= ttl + sweep + SLACK_S for age in ages), (min(ages), max(ages))
+    # Pending state holds no more than what arrived within TTL + sweep, and drains to zero once
+    # both inputs are idle.
+    assert outcome.max_pending_entries <= most_sent_within(outcome.sent, ttl + sweep + SLACK_S)
+    assert outcome.drained_after_s is not None and outcome.drained_after_s <= ttl + sweep + SLACK_S
