@@ -79,6 +79,10 @@ HELP: dict[str, str] = {
     "stream_buffer_bytes": "Bytes waiting in the stream buffers between the consumer and the agents.",
     "budget_dropped_records_total": "Buffered records dropped to stay in budget (drop-oldest only).",
     "budget_dropped_bytes_total": "Bytes of the buffered records dropped to stay in budget.",
+    "disk_budget_bytes": "Bytes the join window may take on disk (STREAMAPP_DISK_BUDGET).",
+    "disk_early_expired_total": "Join entries expired before their deadline to stay within the disk budget.",
+    "disk_full_pauses_total": "Times the join paused because the disk was full.",
+    "disk_full_paused": "1 while the join waits for disk space, else 0.",
 }
 
 
