@@ -257,6 +257,7 @@ def register(stage) -> None:
     settings, topics = stage.settings, stage.topics
     detector = load_detector(settings.detector)
     latency = stage.metrics.histogram("infer_latency_seconds", INFER_LATENCY_BOUNDS)
+    stage.metrics.declare("infer_frames_in_total", "infer_results_total")
 
     @stage.app.agent(topics.scaled, name="infer")
     async def infer(stream):

@@ -35,6 +35,7 @@ def resize_frame(frame: Frame, width: int, height: int, quality: int = 90) -> Fr
 def register(stage) -> None:
     """Faust agent: ``frames`` -> ``frames.scaled``; undecodable frames are dead-lettered."""
     settings, topics = stage.settings, stage.topics
+    stage.metrics.declare("resize_frames_in_total", "resize_frames_out_total")
 
     @stage.app.agent(topics.frames, name="resize")
     async def resize(stream):

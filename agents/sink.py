@@ -362,6 +362,7 @@ def register(stage) -> None:
                                       "sink_videos_active": videos.active})
     latest = LatestFrames(settings.preview_bytes)
     preview.register(stage, latest)
+    stage.metrics.declare("sink_records_in_total")
 
     def write(joined: Joined) -> None:
         jpeg = files.write_annotated(joined)
