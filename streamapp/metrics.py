@@ -169,14 +169,17 @@ class Metrics:
 
 
 def prometheus_text(samples: Mapping[str, float], histograms: Iterable[str] = ()) -> str:
-    """Samples in the Prometheus text exposition format (version 0.0.4), one family per block."""
+    """Samples in the Prometheus text exposition format (version 0.0.4), one family per block.
+
+    Families are sorted by name; samples keep their order within a family (histogram buckets
+    ascending, as providers list them)."""
     histograms = set(histograms)
     families: dict[str, list[str]] = {}
-    for sample, value in sorted(samples.items()):
+    for sample, value in samples.items():
         families.setdefault(_histogram_family(sample, histograms) or family_of(sample), []).append(
             f"{sample} {_format_number(value)}")
     lines = []
-    for family, family_samples in families.items():
+    for family, family_samples in sorted(families.items()):
         if family in HELP:
             lines.append(f"# HELP {family} {HELP[family]}")
         lines.append(f"# TYPE {family} {_type_of(family, histograms)}")

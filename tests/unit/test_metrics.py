@@ -49,6 +49,7 @@ def test_prometheus_text_reads_back_with_the_snapshot_values_types_and_help():
     assert (lag.labels, lag.value) == ({"topic": "frames", "partition": "2"}, 11)
     latency = families["join_latency_seconds"]
     assert latency.type == "histogram"
+    assert [s.labels["le"] for s in latency.samples if "le" in s.labels] == ["0.5", "1", "+Inf"]
     assert {(s.name, s.labels.get("le")): s.value for s in latency.samples} == {
         ("join_latency_seconds_bucket", "0.5"): 0, ("join_latency_seconds_bucket", "1"): 1,
         ("join_latency_seconds_bucket", "+Inf"): 1, ("join_latency_seconds_sum", None): 0.75,
