@@ -35,6 +35,10 @@ class RocksMemory:
         options.set_write_buffer_size(self.memtable_bytes)
         options.set_max_write_buffer_number(2)
         options.set_write_buffer_manager(self.write_buffers)
+        # The WAL is shared by both column families and kept until both have flushed; the small
+        # expiry index rarely fills a memtable, so without this limit every frame ever written
+        # stays on disk in the WAL. Past it, RocksDB flushes whatever holds the oldest log.
+        options.set_max_total_wal_size(self.memtable_bytes)
         table = rocksdict.BlockBasedOptions()
         table.set_block_cache(self.cache)
         table.set_bloom_filter(10, False)
