@@ -43,6 +43,9 @@ from streamapp.topics import changelog_name, ensure_topics, max_record_bytes, to
 log = logging.getLogger(__name__)
 
 SIZE_4K = (3840, 2160)
+# A 4K JPEG is ~25x a 640x480 one: the 4k scenario sends a 50th of the pairs at a 25th of the rate.
+PAIRS_SCALE_4K = 50
+RATE_SCALE_4K = 25
 RESULT_LAG = 3          # a result is published this many frames after its frame
 STALL_AT = 0.4          # fraction of the pairs sent when inference stalls
 DISTINCT_FRAMES = 8     # pre-encoded JPEGs, reused with new ids
@@ -54,7 +57,7 @@ class SoakOptions:
     pairs: int = 100_000
     width: int = 640
     height: int = 480
-    rate: float = 500.0               # pairs per second; 0 = as fast as the broker takes them
+    rate: float = 150.0               # pairs per second; 0 = as fast as the broker takes them
     scenario: str = "steady"
     stall_s: float = 60.0
     baseline: str | None = None       # "naive"
@@ -66,6 +69,14 @@ class SoakOptions:
     @property
     def size(self) -> tuple[int, int]:
         return SIZE_4K if self.scenario == "4k" else (self.width, self.height)
+
+    @property
+    def pair_count(self) -> int:
+        return max(1, self.pairs // PAIRS_SCALE_4K) if self.scenario == "4k" else self.pairs
+
+    @property
+    def pair_rate(self) -> float:
+        return self.rate / RATE_SCALE_4K if self.scenario == "4k" and self.rate else self.rate
 
 
 @dataclasses.dataclass
@@ -232,11 +243,11 @@ async def _publish(options: SoakOptions, settings: Settings, progress: Progress)
                                 max_request_size=max_record_bytes(settings),
                                 max_batch_size=min(max_record_bytes(settings), MIB), linger_ms=5)
     await producer.start()
-    stall = StallWindow(int(options.pairs * STALL_AT), options.stall_s if options.scenario == "stall" else 0)
+    stall = StallWindow(int(options.pair_count * STALL_AT), options.stall_s if options.scenario == "stall" else 0)
     try:
-        for index in range(options.pairs + RESULT_LAG):
-            if index < options.pairs:
-                await _pace(options.rate, index, progress.started)
+        for index in range(options.pair_count + RESULT_LAG):
+            if index < options.pair_count:
+                await _pace(options.pair_rate, index, progress.started)
                 frame = wire.Frame(wire.FrameId("soak", epoch, index), int(time.time() * 1000),
                                    width, height, jpegs[index % len(jpegs)])
                 value = wire.encode_frame(frame)
@@ -309,7 +320,7 @@ async def _slow_sink(settings: Settings, options: SoakOptions, progress: Progres
     consumer = AIOKafkaConsumer(topic_names(settings)["joined"], bootstrap_servers=settings.bootstrap_servers,
                                 group_id=f"{settings.topic_prefix}slow-sink", auto_offset_reset="earliest",
                                 max_partition_fetch_bytes=max_record_bytes(settings), max_poll_records=16)
-    rate = max(1.0, (options.rate or 1000.0) / 3)
+    rate = max(1.0, (options.pair_rate or 1000.0) / 3)
     await consumer.start()
     try:
         while True:
@@ -438,7 +449,8 @@ def build_report(options: SoakOptions, settings: Settings, progress: Progress, s
     changelog = [sample["broker_topic_bytes"]["changelog"] for sample in samples if sample["broker_topic_bytes"]]
     report = {
         "scenario": options.scenario,
-        "options": {**dataclasses.asdict(options), "out": str(options.out), "size": list(options.size)},
+        "options": {**dataclasses.asdict(options), "out": str(options.out), "size": list(options.size),
+                    "pair_count": options.pair_count, "pair_rate": options.pair_rate},
         "machine": machine(),
         "memory_budget_bytes": settings.memory_budget_bytes,
         "join_ttl_s": settings.join_ttl_s,

@@ -21,11 +21,12 @@ def configure(soak: argparse.ArgumentParser) -> None:
     soak.add_argument("--pairs", type=count_arg, default=100_000, help="frame/result pairs (default 100000)")
     soak.add_argument("--size", type=resolution_arg, default=(640, 480),
                       help="frame size WIDTHxHEIGHT, e.g. 640x480 or 1280x720 (default 640x480; 4k uses 3840x2160)")
-    soak.add_argument("--rate", type=fps_arg, default=500.0,
-                      help="pairs per second; 0 = as fast as possible (default 500)")
+    soak.add_argument("--rate", type=fps_arg, default=150.0,
+                      help="pairs per second, e.g. 10 cameras at 15 fps; 0 = as fast as possible (default 150)")
     soak.add_argument("--scenario", choices=SCENARIOS + ("all",), default="steady",
                       help="steady, stall (no results for --stall seconds), slow-sink (a reader of joined "
-                           "at a third of the rate), 4k, or all of them in turn (default steady)")
+                           "at a third of the rate), 4k (3840x2160, a 50th of the pairs at a 25th of the rate), "
+                           "or all of them in turn (default steady)")
     soak.add_argument("--stall", type=float, default=60.0, help="seconds inference stalls (default 60)")
     soak.add_argument("--baseline", choices=["naive"], help="also run a naive in-memory dict join on the same input")
     soak.add_argument("--memory-budget", type=size_arg, default=512 * 1024**2,
