@@ -153,7 +153,8 @@ def run_replay(args: argparse.Namespace) -> int:
     except (replay.ReplayError, RecordingError) as exc:
         raise CommandError(str(exc)) from None
     print(f"published {sent} records")
-    print("the join should count: " + json.dumps(expected.counts))
+    if expected.counts["frames_in"] or expected.counts["results_in"]:
+        print("the join should count: " + json.dumps(expected.counts))
     return 0
 
 
