@@ -18,7 +18,7 @@ from typing import Any, Callable, TypeVar
 import faust
 
 from streamapp import topics as topic_defs
-from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
+from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 from streamapp.deadletter import DeadLetters
 from streamapp.metrics import PROMETHEUS_CONTENT_TYPE, Metrics, consumer_gauges, memory_budget_gauges
 from streamapp.settings import Settings
@@ -72,7 +72,8 @@ class StreamApp(faust.App):
         created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
         if created:
             log.info("created topics: %s", ", ".join(created))
-        self.producer.buffer.max_messages = self.memory_plan.send_buffer_records
+        self.producer.buffer.pending = SendBufferBytes()
+        self.producer.buffer.max_messages = self.memory_plan.send_buffer_bytes
         await super().on_first_start()
 
     def FlowControlQueue(self, maxsize: int | None = None, *, clear_on_resume: bool = False) -> ByteBoundedQueue:

@@ -9,7 +9,7 @@ and the next is 3 MB. Here every buffer a record passes through gets a share of
   hold (:class:`ByteBoundedQueue`), so Faust pauses a partition on bytes, not on counts;
 * consumer fetch: bytes asked per partition per fetch (Kafka still returns one whole record
   that is larger, so frames up to the frame limit always arrive);
-* producer: bytes per batch and records waiting in Faust's send buffer;
+* producer: bytes per batch, and bytes waiting in Faust's send buffer (:class:`SendBufferBytes`);
 * the rest is headroom for the interpreter and the one decoded image a pixel stage holds.
 
 When a stream buffer is full the worker stops fetching (backpressure), or, with
@@ -18,6 +18,7 @@ When a stream buffer is full the worker stops fetching (backpressure), or, with
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections import Counter
 from typing import Any
@@ -32,7 +33,6 @@ _FETCHED_TOPICS = 3
 _MIN_FETCH_BYTES = 64 * 1024
 _MIN_BATCH_BYTES = 16 * 1024
 _MAX_BATCH_BYTES = 1024**2
-_MIN_SEND_BUFFER_RECORDS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,7 @@ class MemoryPlan:
     stream_buffer_bytes: int      # per agent input; all of them together stay in their share
     fetch_bytes_per_partition: int
     producer_batch_bytes: int
-    send_buffer_records: int      # Faust's producer buffer is counted in records
+    send_buffer_bytes: int
 
     @classmethod
     def for_settings(cls, settings: Settings) -> "MemoryPlan":
@@ -64,7 +64,7 @@ class MemoryPlan:
             # than a topic's max.message.bytes is refused by the broker whole, after the send.
             producer_batch_bytes=min(record, _MAX_BATCH_BYTES,
                                      max(_MIN_BATCH_BYTES, producer_share // (2 * produced))),
-            send_buffer_records=max(_MIN_SEND_BUFFER_RECORDS, producer_share // record),
+            send_buffer_bytes=max(record, producer_share),
         )
 
     def as_metrics(self) -> dict[str, float]:
@@ -72,11 +72,35 @@ class MemoryPlan:
 
 
 def event_bytes(item: Any) -> int:
-    """Key plus value bytes of a buffered event (anything else counts as nothing)."""
+    """Key plus value bytes of a buffered event or outgoing message (anything else counts nothing)."""
     message = getattr(item, "message", None)
-    if message is None:
-        return 0
-    return len(message.key or b"") + len(message.value or b"")
+    return _length(getattr(message, "key", None)) + _length(getattr(message, "value", None))
+
+
+def _length(data: Any) -> int:
+    return len(data) if isinstance(data, (bytes, bytearray, memoryview, str)) else 0
+
+
+class SendBufferBytes(asyncio.Queue):
+    """Faust's producer send buffer, sized in bytes. Before each record Faust waits for this buffer
+    to drain while its size is over ``ProducerBuffer.max_messages``: set to a byte limit, that
+    bounds the bytes of records waiting to be sent (changelog writes, sweep output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def qsize(self) -> int:
+        return self.bytes
+
+    def _put(self, item: Any) -> None:
+        super()._put(item)
+        self.bytes += event_bytes(item)
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self.bytes -= event_bytes(item)
+        return item
 
 
 class OverloadCounts(Counter):

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from mode.utils.queues import FlowControlEvent
 
-from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
+from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 from streamapp.settings import BACKPRESSURE, DROP_OLDEST, STAGES, Settings, SettingsError
 from streamapp.topics import max_record_bytes
 
@@ -32,7 +32,7 @@ class Event:
 
 def _planned_bytes(plan: MemoryPlan, settings: Settings) -> int:
     fetched = settings.partitions * 3 * plan.fetch_bytes_per_partition + max_record_bytes(settings)
-    produced = (settings.partitions * 2 + 1) * 2 * plan.producer_batch_bytes
+    produced = (settings.partitions * 2 + 1) * 2 * plan.producer_batch_bytes + plan.send_buffer_bytes
     return plan.rocksdb_bytes + plan.stream_buffer_bytes * len(settings.stages) + fetched + produced
 
 
@@ -113,3 +113,12 @@ def test_drop_oldest_makes_room_acks_and_counts_what_it_dropped():
     assert [event.acked for event in events] == [True] * 7 + [False] * 3
     assert dropped.as_metrics() == {"budget_dropped_records_total": 7, "budget_dropped_bytes_total": 2100}
     assert queue.get_nowait() is events[7]  # the newest stay
+
+
+def test_send_buffer_size_is_bytes_waiting_to_be_sent():
+    buffer = SendBufferBytes()
+    for size in (100, 250):
+        buffer.put_nowait(Event(size))
+    assert buffer.qsize() == 350
+    buffer.get_nowait()
+    assert buffer.qsize() == 250 and not buffer.empty()
