@@ -1,0 +1,69 @@
+"""The broker restarts mid-run: the worker reconnects by itself and every frame still comes out.
+
+The test runs a broker of its own (never the session's) and one worker with all four stages.
+"""
+
+import asyncio
+
+import pytest
+
+from streamapp.agents.sink import frame_path
+from streamapp.agents.source import new_epoch, synthetic_frames
+from streamapp.broker import LocalBroker, free_port
+from streamapp.chaos import read_joined, wait_for
+from streamapp.demo import Worker
+from streamapp.publisher import FramePublisher
+from streamapp.settings import Settings
+from streamapp.topics import ensure_topics
+
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
+
+FRAMES_PER_PHASE = 30
+
+
+@pytest.fixture
+def broker(kafka_bootstrap, tmp_path):
+    # Depends on the session broker only to be skipped or failed with it (same jars, same Java).
+    own = LocalBroker(tmp_path / "broker", free_port())
+    own.start(timeout=120)
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+async def _publish(settings: Settings, stream: str) -> list:
+    frames = [frame for frame, _ in synthetic_frames(stream, new_epoch(), FRAMES_PER_PHASE, 160, 120, seed=4)]
+    async with FramePublisher(settings) as publisher:
+        for frame in frames:
+            await publisher.publish(frame)
+        await publisher.flush()
+    return [frame.id for frame in frames]
+
+
+def test_workers_reconnect_after_a_broker_restart_and_lose_nothing(broker, tmp_path):
+    # A TTL far beyond the outage: a frame waiting for its result must not expire meanwhile.
+    settings = Settings(broker=f"kafka://{broker.bootstrap}", partitions=2, join_ttl_s=90.0,
+                        sweep_interval_s=0.5, done_marker_ttl_s=120.0, data_dir=tmp_path / "data",
+                        out_dir=tmp_path / "out", web_port=free_port())
+    asyncio.run(ensure_topics(settings))
+    worker = Worker("all", settings, tmp_path)
+    try:
+        assert asyncio.run(wait_for(worker.ready, 120)) is not None
+        ids = asyncio.run(_publish(settings, "before"))
+        broker.stop()  # while the worker is still busy with those frames
+        asyncio.run(asyncio.sleep(3))
+        broker.start(timeout=120)
+        ids += asyncio.run(_publish(settings, "after"))
+
+        files = [frame_path(settings.out_dir, frame_id) for frame_id in ids]
+        assert asyncio.run(wait_for(lambda: all(path.exists() for path in files), 180)) is not None, \
+            f"{sum(not path.exists() for path in files)} of {len(files)} frames missing"
+        assert worker.process.poll() is None, "no restart of the worker needed"
+        joined = asyncio.run(read_joined(settings))
+        assert set(joined.copies) == set(ids)
+        not_joined = {str(frame_id): sorted(outcome) for frame_id, outcome in joined.outcomes.items()
+                      if outcome != {"joined"}}
+        assert not not_joined, "every result met its frame"
+    finally:
+        worker.stop()
