@@ -212,9 +212,11 @@ class JoinedTopic:
 
 
 async def read_topic(settings: Settings, topic: str, partitions: int) -> list:
-    """Every record of ``topic``, from the beginning to its end when called."""
+    """Every record of ``topic``, from the beginning to its end when called, as a downstream
+    consumer sees it (records of aborted transactions left out)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                max_partition_fetch_bytes=max_record_bytes(settings))
+                                max_partition_fetch_bytes=max_record_bytes(settings),
+                                isolation_level="read_committed")
     await consumer.start()
     records = []
     try:
