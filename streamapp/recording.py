@@ -1,7 +1,7 @@
 """Recordings: Kafka records of one or more topics in a file, to replay later (docs/recording-format.md).
 
 A recording keeps what a consumer sees of each record (topic, partition, offset, timestamp, key,
-value, headers) in the order it was read. Files are written and read one record at a time, so a
+value, headers), partitions merged by timestamp. Files are written and read one record at a time, so a
 recording of any length costs one record of memory. Every record carries a CRC-32, and the file
 ends with a marker holding the record count: a truncated or damaged file is an error that says
 where, never a silently shorter replay.
@@ -9,7 +9,7 @@ where, never a silently shorter replay.
 
 from __future__ import annotations
 
-import asyncio
+import collections
 import dataclasses
 import json
 import struct
@@ -264,22 +264,58 @@ async def _fetch_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
 
 
 async def _copy(consumer: AIOKafkaConsumer, writer: RecordingWriter, ends: dict, limits: RecordLimits) -> None:
+    """Write the records of all partitions merged by timestamp (each partition in offset order),
+    so a replay paced by timestamps sends them as they were produced. A record is written once
+    every partition that may still hold an earlier one has one buffered, so what is held is
+    bounded by how far partitions are apart in time, not by the length of the recording."""
     deadline = None if limits.duration_s is None else time.monotonic() + limits.duration_s
-    remaining = {tp for tp, end in ends.items() if end > 0}
-    while limits.follow or remaining:
+    merge = _PartitionMerge(consumer, ends, limits.follow)
+    while not await merge.finished():
         if deadline is not None and time.monotonic() >= deadline:
             return
-        batches = await consumer.getmany(timeout_ms=200)
-        for tp, messages in batches.items():
+        await merge.fetch()
+        while (record := await merge.next_in_order()) is not None:
+            writer.write(record)
+            if limits.max_records is not None and writer.count >= limits.max_records:
+                return
+
+
+class _PartitionMerge:
+    def __init__(self, consumer: AIOKafkaConsumer, ends: dict, follow: bool) -> None:
+        self.consumer, self.ends, self.follow = consumer, ends, follow
+        self.buffers: dict[TopicPartition, collections.deque[Record]] = {tp: collections.deque() for tp in ends}
+
+    async def fetch(self) -> None:
+        for tp, messages in (await self.consumer.getmany(timeout_ms=200)).items():
             for message in messages:
-                if not limits.follow and message.offset >= ends[tp]:
+                if not self.follow and message.offset >= self.ends[tp]:
                     break
-                writer.write(Record(tp.topic, tp.partition, message.offset, message.timestamp,
-                                    message.key, message.value, tuple(message.headers or ())))
-                if limits.max_records is not None and writer.count >= limits.max_records:
-                    return
-            if (await consumer.position(tp)) >= ends[tp]:
-                remaining.discard(tp)
+                self.buffers[tp].append(Record(tp.topic, tp.partition, message.offset, message.timestamp,
+                                               message.key, message.value, tuple(message.headers or ())))
+
+    async def next_in_order(self) -> Record | None:
+        """The earliest buffered record, if no partition could still deliver an earlier one."""
+        for tp, buffer in self.buffers.items():
+            if not buffer and not await self._caught_up(tp):
+                return None
+        heads = [buffer for buffer in self.buffers.values() if buffer]
+        if not heads:
+            return None
+        return min(heads, key=lambda buffer: buffer[0].timestamp_ms).popleft()
+
+    async def finished(self) -> bool:
+        if self.follow or any(self.buffers.values()):
+            return False
+        return all([await self._caught_up(tp) for tp in self.buffers])
+
+    async def _caught_up(self, tp: TopicPartition) -> bool:
+        """Fetched all there is to record (up to the end seen at the start, or, when following,
+        up to what the broker last said it holds)."""
+        position = await self.consumer.position(tp)
+        if not self.follow:
+            return position >= self.ends[tp]
+        highwater = self.consumer.highwater(tp)
+        return highwater is not None and position >= highwater
 
 
 # --- recording the pipeline in-process ----------------------------------------------------------

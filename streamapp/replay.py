@@ -329,13 +329,14 @@ def predict(records: Iterable[Record], settings: Settings, *, speed: float | Non
     joiner = Joiner(ttl_ms=round(settings.join_ttl_s * 1000), marker_ttl_ms=round(settings.done_marker_ttl_s * 1000))
     state = _DictState()
     joined, unmatched = set(), set()
-    start = None
+    start, now = None, 0
     for record in records:
         side = side_of(record)
         if side is None:
             continue
         start = record.timestamp_ms if start is None else start
-        now = 0 if speed is None else round((record.timestamp_ms - start) / speed)
+        # The replayer never waits for a timestamp earlier than one it has passed: neither does this clock.
+        now = max(now, 0 if speed is None else round((record.timestamp_ms - start) / speed))
         _expire(state, joiner, now, unmatched)
         decoded = wire.decode(record.value)
         on_side = joiner.on_frame if side == "frames" else joiner.on_result

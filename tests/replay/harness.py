@@ -98,6 +98,7 @@ class Outcome:
     outputs: list[Output] = dataclasses.field(default_factory=list)
     sent: list[replay.Sent] = dataclasses.field(default_factory=list)
     drained_after_s: float | None = None  # from the last record sent to no pending entry
+    lag_s: float = 0.0  # the worker's longest consumer lag: entries are stored up to this late
 
     def line(self, name: str) -> str:
         counts = " ".join(f"{key}={self.counts.get(key, 0)}" for key in COUNTERS)
@@ -106,16 +107,20 @@ class Outcome:
 
 
 class Sampler:
-    """Polls the worker's stats: the last snapshot, and the peaks of its pending state."""
+    """Polls the worker's stats: the last snapshot, the peaks of its pending state, and how many
+    input records it had consumed when (for :func:`consumer_lag_s`)."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.last: dict = {}
         self.max_entries = self.max_bytes = 0
         self.zero_since: float | None = None
+        self.consumed: list[tuple[int, int]] = []  # (ms since the Unix epoch, frames + results)
 
     async def poll(self) -> dict:
         self.last = await asyncio.to_thread(self.worker.stats)
+        counts = counter_values(self.last)
+        self.consumed.append((int(time.time() * 1000), counts["frames"] + counts["results"]))
         entries = int(self.last.get("join_pending_entries", 0))
         self.max_entries = max(self.max_entries, entries)
         self.max_bytes = max(self.max_bytes, int(self.last.get("join_pending_bytes", 0)))
@@ -195,6 +200,7 @@ async def run_scenario(worker: Worker, settings: Settings, records: list[Record]
         await reader.stop()
     outcome = Outcome(_delta(counter_values(sampler.last), before), sampler.max_entries, sampler.max_bytes,
                       reader.outputs, sent)
+    outcome.lag_s = consumer_lag_s(sampler.consumed, before["frames"] + before["results"], sent)
     if sampler.zero_since is not None:
         outcome.drained_after_s = max(0.0, sampler.zero_since - last_sent)
     return outcome
@@ -265,6 +271,15 @@ def unmatched_ages_s(outcome: Outcome) -> list[float]:
     return [(output.timestamp_ms - frames[output.joined.frame.id][1]) / 1000
             for output in outcome.outputs
             if not output.joined.matched and output.joined.frame.id in frames]
+
+
+def consumer_lag_s(consumed: list[tuple[int, int]], baseline: int, sent: list[replay.Sent]) -> float:
+    """The longest the worker was behind: at each sample, the age of the oldest record sent but not
+    yet consumed (by count; the worker's own counters say how many it has consumed)."""
+    times = sorted(item.timestamp_ms for item in sent)
+    lags = [at - times[done - baseline] for at, done in consumed
+            if 0 <= done - baseline < len(times) and times[done - baseline] <= at]
+    return max(lags, default=0) / 1000
 
 
 def most_sent_within(sent: list[replay.Sent], window_s: float) -> int:
