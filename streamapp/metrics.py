@@ -75,7 +75,7 @@ HELP: dict[str, str] = {
     "budget_stream_buffer_bytes": "Byte limit of each agent's stream buffer.",
     "budget_fetch_bytes_per_partition": "Bytes the consumer asks for per partition per fetch.",
     "budget_producer_batch_bytes": "Largest producer batch per partition.",
-    "budget_send_buffer_records": "Records that may wait in the producer's send buffer.",
+    "budget_send_buffer_bytes": "Bytes that may wait in the producer's send buffer.",
     "stream_buffer_bytes": "Bytes waiting in the stream buffers between the consumer and the agents.",
     "budget_dropped_records_total": "Buffered records dropped to stay in budget (drop-oldest only).",
     "budget_dropped_bytes_total": "Bytes of the buffered records dropped to stay in budget.",
