@@ -9,11 +9,12 @@ small too, so the few frames spread over every partition.
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import time
 import urllib.request
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -96,50 +97,70 @@ def metric_families(worker: Worker) -> dict:
         return {family.name: family for family in text_string_to_metric_families(response.read().decode())}
 
 
-def test_two_workers_per_stage_share_partitions_and_output_every_frame_once(kafka_bootstrap, tmp_path):
+@dataclasses.dataclass
+class Run:
+    root: Path
+    workers: list[Worker]
+    produced: set[wire.FrameId]
+    seen: Counter  # frame id -> times on the joined topic
+
+
+@pytest.fixture(scope="module")
+def run(kafka_bootstrap, tmp_path_factory):
+    """Eight workers, their partitions split, every frame published and read back from `joined`."""
+    root = tmp_path_factory.mktemp("scale-out")
     base = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"scale-{uuid.uuid4().hex[:8]}.",
                     partitions=4, bucket_size=4, join_ttl_s=30.0, resize_width=160, resize_height=120)
     asyncio.run(ensure_topics(base))
     workers: list[Worker] = []
     try:
         for replica in range(REPLICAS):
-            logs = tmp_path / f"logs-{replica}"
+            logs = root / f"logs-{replica}"
             logs.mkdir()
             for stage in STAGES:
                 workers.append(Worker(stage, base.replace(
-                    stages=(stage,), web_port=free_port(), data_dir=tmp_path / f"data-{stage}-{replica}",
-                    out_dir=tmp_path / f"out-{replica}"), logs))
+                    stages=(stage,), web_port=free_port(), data_dir=root / f"data-{stage}-{replica}",
+                    out_dir=root / f"out-{replica}"), logs))
         wait_for(lambda: all(worker.ready() for worker in workers), 150, "8 workers to start")
         wait_for(lambda: shared_evenly(workers, base.partitions), 90,
                  "each stage's partitions to be split between its two workers")
-
         produced = asyncio.run(publish(base))
-        seen = asyncio.run(joined_ids(base, len(produced), timeout_s=120))
-
-        assert set(seen) == produced
-        assert [frame_id for frame_id, count in seen.items() if count > 1] == []
-        def files_written() -> Counter:
-            return Counter(frame_id for frame_id in produced for replica in range(REPLICAS)
-                           if frame_path(tmp_path / f"out-{replica}", frame_id).exists())
-
-        wait_for(lambda: len(files_written()) == len(produced), 60, "the sinks to write every frame")
-        assert set(files_written().values()) == {1}
-
-        stats = {worker: worker.stats() for worker in workers}
-        processed = {"resize": "resize_frames_in_total", "infer": "infer_frames_in_total",
-                     "join": "join_frames_in_total", "sink": "sink_records_in_total"}
-        for worker, values in stats.items():
-            assert values[processed[worker.stage]] > 0, f"a {worker.stage} worker processed nothing"
-        for stage, counter in processed.items():
-            assert sum(values[counter] for worker, values in stats.items() if worker.stage == stage) \
-                == len(produced), stage
-        joins = [values for worker, values in stats.items() if worker.stage == "join"]
-        assert sum(values["join_joined_total"] for values in joins) == len(produced)
-        assert sum(values["join_unmatched_frames_total"] + values["join_duplicates_total"] for values in joins) == 0
-
-        for worker in workers:
-            undocumented = {name for name, family in metric_families(worker).items() if not family.documentation}
-            assert not undocumented, f"{worker.stage}: metrics without help: {sorted(undocumented)}"
+        yield Run(root, workers, produced, asyncio.run(joined_ids(base, len(produced), timeout_s=120)))
     finally:
         for worker in workers:
             worker.stop()
+
+
+def test_every_frame_is_joined_and_written_exactly_once(run):
+    assert set(run.seen) == run.produced
+    assert [frame_id for frame_id, count in run.seen.items() if count > 1] == []
+
+    def files_written() -> Counter:
+        return Counter(frame_id for frame_id in run.produced for replica in range(REPLICAS)
+                       if frame_path(run.root / f"out-{replica}", frame_id).exists())
+
+    wait_for(lambda: len(files_written()) == len(run.produced), 60, "the sinks to write every frame")
+    assert set(files_written().values()) == {1}
+
+
+def test_both_workers_of_every_stage_did_part_of_the_work(run):
+    wait_for(lambda: sum(worker.stats()["sink_records_in_total"] for worker in run.workers
+                         if worker.stage == "sink") == len(run.produced), 60, "the sinks to read every record")
+    stats = {worker: worker.stats() for worker in run.workers}
+    processed = {"resize": "resize_frames_in_total", "infer": "infer_frames_in_total",
+                 "join": "join_frames_in_total", "sink": "sink_records_in_total"}
+    for worker, values in stats.items():
+        assert values[processed[worker.stage]] > 0, f"a {worker.stage} worker processed nothing"
+    for stage, counter in processed.items():
+        assert sum(values[counter] for worker, values in stats.items() if worker.stage == stage) \
+            == len(run.produced), stage
+    joins = [values for worker, values in stats.items() if worker.stage == "join"]
+    assert sum(values["join_joined_total"] for values in joins) == len(run.produced)
+    assert sum(values["join_unmatched_frames_total"] + values["join_duplicates_total"] for values in joins) == 0
+
+
+def test_every_metric_a_worker_exposes_has_help(run):
+    for worker in run.workers:
+        undocumented = {name for name, family in metric_families(worker).items() if not family.documentation}
+        assert not undocumented, f"{worker.stage}: metrics without help in streamapp.metrics.HELP " \
+                                 f"(and docs/operations.md): {sorted(undocumented)}"
