@@ -157,6 +157,10 @@ def test_both_workers_of_every_stage_did_part_of_the_work(run):
     joins = [values for worker, values in stats.items() if worker.stage == "join"]
     assert sum(values["join_joined_total"] for values in joins) == len(run.produced)
     assert sum(values["join_unmatched_frames_total"] + values["join_duplicates_total"] for values in joins) == 0
+    assert sum(values["join_latency_seconds_count"] for values in joins) == len(run.produced)
+    # Every frame met its result: nothing waits, and the oldest wait is none.
+    assert [(values["join_pending_entries"], values["join_oldest_pending_age_seconds"]) for values in joins] \
+        == [(0, 0.0)] * REPLICAS
 
 
 def test_every_metric_a_worker_exposes_has_help(run):
