@@ -1,5 +1,7 @@
-"""Pending entries, their bytes and the oldest pending deadline, per join-store partition: markers
-are state but not pending, whatever order the index holds them in."""
+"""Pending entries, their bytes and the oldest pending deadline, per join-store partition and summed
+by the join window: markers are state but not pending, whatever order the index holds them in."""
+
+from types import SimpleNamespace
 
 import pytest
 import rocksdict
@@ -7,6 +9,7 @@ import rocksdict
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.store import EXPIRY_FAMILY, JoinPartition
+from streamapp.tables.window import JoinWindow
 
 
 def open_partition(path) -> JoinPartition:
@@ -59,3 +62,40 @@ def test_reopened_partition_recounts_pending_totals(tmp_path):
         assert reopened.oldest_pending_deadline_ms() == 5_000
     finally:
         reopened.close()
+
+
+class _Store:
+    """The store side JoinWindow.gauges reads: owned partitions and disk bytes."""
+
+    def __init__(self, partitions) -> None:
+        self.partitions = partitions
+
+    def active_partitions(self):
+        return iter(enumerate(self.partitions))
+
+    def disk_bytes(self) -> int:
+        return 4096
+
+
+def test_window_gauges_sum_owned_partitions_and_age_the_oldest_pending_entry(tmp_path):
+    first, second = open_partition(tmp_path / "p0.db"), open_partition(tmp_path / "p1.db")
+    try:
+        put(first, b"frame", EntryKind.FRAME, 10_000, b"f" * 100)   # stored at 5 s with a 5 s TTL
+        put(first, b"marker", EntryKind.JOINED, 8_000)
+        put(second, b"result", EntryKind.RESULT, 12_000, b"r" * 10)
+        window = JoinWindow.__new__(JoinWindow)  # the gauges need only the store and the memory pool
+        window.table = SimpleNamespace(data=_Store([first, second]))
+        window.memory = SimpleNamespace(usage_bytes=lambda: 2048)
+        assert window.gauges(now_ms=7_000, ttl_ms=5_000) == {
+            "join_state_entries": 3,
+            "join_state_bytes": 109 + 9 + 19,
+            "join_pending_entries": 2,
+            "join_pending_bytes": 109 + 19,
+            "join_oldest_pending_age_seconds": 2.0,
+            "join_next_expiry_seconds": 1.0,
+            "rocksdb_disk_bytes": 4096,
+            "rocksdb_memory_bytes": 2048,
+        }
+    finally:
+        first.close()
+        second.close()
