@@ -1,7 +1,10 @@
-"""The join decision (R1, R2) over a plain dict state: no broker, no store."""
+"""The join decision (R1, R2) over a plain dict state: no broker, no store; and the held writes
+that change the state only after the output is delivered (R12)."""
+
+import pytest
 
 from streamapp import wire
-from streamapp.agents.join import Joiner
+from streamapp.agents.join import CHANGELOG_ROOM_BYTES, HeldWrites, Joiner, check_fits
 from streamapp.tables.entry import Entry, EntryKind
 
 TTL_MS = 5_000
@@ -90,3 +93,32 @@ def test_epochs_and_streams_never_join_each_other():
     assert join.on_result(state, *result(0, stream="third", epoch=1), now_ms=1) is None
     assert join.counts.joined == 0
     assert len(state) == 4
+
+
+def test_a_completed_join_leaves_the_pending_entry_until_applied():
+    state, join = DictState(), joiner()
+    join.on_frame(state, *frame(3), now_ms=0)
+    held = HeldWrites(state)
+    assert join.on_result(held, *result(3), now_ms=5) is not None
+    assert state[b"cam:1:3"].kind == EntryKind.FRAME  # killed now: the redelivered result joins again
+    assert join.on_result(HeldWrites(state), *result(3), now_ms=6) is not None
+    held.apply()
+    assert state[b"cam:1:3"].kind == EntryKind.JOINED
+    assert join.on_result(HeldWrites(state), *result(3), now_ms=7) is None
+
+
+def test_held_writes_read_their_own_writes():
+    state, join = DictState(), joiner()
+    held = HeldWrites(state)
+    join.on_frame(held, *frame(4), now_ms=0)
+    assert b"cam:1:4" not in state
+    assert join.on_result(held, *result(4), now_ms=1) is not None
+    held.apply()
+    assert state[b"cam:1:4"].kind == EntryKind.JOINED and not held.held
+
+
+def test_records_the_changelog_would_refuse_are_wire_errors():
+    limit = 10_000
+    check_fits(b"x" * (limit - CHANGELOG_ROOM_BYTES), limit)
+    with pytest.raises(wire.WireError, match="changelog"):
+        check_fits(b"x" * (limit - CHANGELOG_ROOM_BYTES + 1), limit)
