@@ -322,13 +322,13 @@ class _PartitionMerge:
 
 
 def synthetic_records(settings: Settings, *, streams: int, frames: int, width: int, height: int,
-                      fps: float, latency_ms: int, start_ms: int) -> Iterator[Record]:
+                      fps: float, latency_ms: int, start_ms: int, prefix: str = "cam") -> Iterator[Record]:
     """What ``frames`` and ``detections`` would hold for synthetic cameras, without a broker.
 
-    Each camera (``cam1``, ``cam2``, ... with scene seeds 1, 2, ...) runs the real source, resize
-    and colour-detector code; its result is stamped ``latency_ms`` after its frame. Records come in
-    time order, keyed and partitioned as the pipeline does it; every camera shares the epoch
-    ``start_ms``, so their frame indices overlap.
+    Each camera (``<prefix>1``, ``<prefix>2``, ..., its scene seeded by its name, so every camera
+    shows another scene) runs the real source, resize and colour-detector code; its result is
+    stamped ``latency_ms`` after its frame. Records come in time order, keyed and partitioned as
+    the pipeline does it; every camera shares the epoch ``start_ms``, so frame indices overlap.
     """
     from streamapp.agents.infer import infer_frame, load_detector
     from streamapp.agents.resize import resize_frame
@@ -336,9 +336,10 @@ def synthetic_records(settings: Settings, *, streams: int, frames: int, width: i
     from streamapp.publisher import interleave
 
     detector = load_detector("color")
-    cameras = [synthetic_frames(f"cam{number}", start_ms, frames, width, height, seed=number,
+    names = [f"{prefix}{number}" for number in range(1, streams + 1)]
+    cameras = [synthetic_frames(name, start_ms, frames, width, height, seed=zlib.crc32(name.encode()),
                                 fps=fps, quality=settings.jpeg_quality, now_ms=start_ms)
-               for number in range(1, streams + 1)]
+               for name in names]
     stamp = _Stamper(settings)
     in_flight: list[Record] = []  # results, in time order (the latency is the same for all)
     for frame, _ in interleave(cameras):

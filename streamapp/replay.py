@@ -55,21 +55,12 @@ def frame_id(record: Record) -> wire.FrameId:
     return wire.decode(record.value).id
 
 
-def _rewrite(record: Record, bucket_size: int, *, new_id: wire.FrameId | None = None,
-             timestamp_ms: int | None = None) -> Record:
-    """The record with its frame id (and so its key) or its capture timestamp changed."""
-    decoded = wire.decode(record.value)
-    changes = {}
-    if new_id is not None:
-        changes["id"] = new_id
-    if timestamp_ms is not None:
-        changes["timestamp_ms"] = timestamp_ms
-    decoded = dataclasses.replace(decoded, **changes)
+def _with_id(record: Record, new_id: wire.FrameId, bucket_size: int) -> Record:
+    """The record of another frame id: its value, its key, and (left to the key partitioner, as
+    for the original) its partition."""
+    decoded = dataclasses.replace(wire.decode(record.value), id=new_id)
     value = (wire.encode_frame(decoded) if isinstance(decoded, wire.Frame)
              else wire.encode_detections(decoded))
-    if new_id is None:
-        return dataclasses.replace(record, value=value)
-    # A new key may belong on another partition: leave it to the key partitioner.
     return dataclasses.replace(record, value=value, key=new_id.bucket_key(bucket_size), partition=None)
 
 
@@ -178,7 +169,7 @@ class Restart:
                 yield record
                 continue
             new_id = wire.FrameId(old.stream, old.epoch + self.at_index, old.index - self.at_index)
-            yield _rewrite(record, self.bucket_size, new_id=new_id)
+            yield _with_id(record, new_id, self.bucket_size)
 
 
 @dataclasses.dataclass
@@ -187,7 +178,6 @@ class Skew:
 
     max_ms: int
     rng: random.Random
-    bucket_size: int
 
     def __call__(self, records: Records) -> Records:
         for record in records:
@@ -196,7 +186,7 @@ class Skew:
                 continue
             frame = wire.decode_frame(record.value)
             moved = frame.timestamp_ms + self.rng.randint(-self.max_ms, self.max_ms)
-            yield _rewrite(record, self.bucket_size, timestamp_ms=moved)
+            yield dataclasses.replace(record, value=wire.encode_frame(dataclasses.replace(frame, timestamp_ms=moved)))
 
 
 @dataclasses.dataclass
@@ -212,8 +202,7 @@ class ShiftEpochs:
                 yield record
                 continue
             old = frame_id(record)
-            yield _rewrite(record, self.bucket_size,
-                           new_id=wire.FrameId(old.stream, old.epoch + self.offset, old.index))
+            yield _with_id(record, wire.FrameId(old.stream, old.epoch + self.offset, old.index), self.bucket_size)
 
 
 Transform = Callable[[Records], Records]
@@ -239,7 +228,7 @@ def parse_transform(spec: str, *, seed: int, position: int, bucket_size: int) ->
         "delay": (2, lambda side, d: Delay(_side(side, spec), _ms(d, spec))),
         "stall": (3, lambda side, at, d: Stall(_side(side, spec), _ms(at, spec), _ms(d, spec))),
         "restart": (1, lambda n: Restart(_count(n, spec), bucket_size)),
-        "skew": (1, lambda d: Skew(_ms(d, spec), rng, bucket_size)),
+        "skew": (1, lambda d: Skew(_ms(d, spec), rng)),
     }
     if name not in parsers:
         raise ReplayError(f"unknown transform {spec!r}; choose from:\n{SPEC_HELP}")

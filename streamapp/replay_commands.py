@@ -12,7 +12,7 @@ from pathlib import Path
 from streamapp import replay
 from streamapp.scenario import ReplayPlan, Scenario
 from streamapp.recording import RecordingError, RecordingWriter, RecordLimits, record_topics, synthetic_records
-from streamapp.settings import Settings
+from streamapp.settings import Settings, parse_stream_id
 from streamapp.topics import topic_names
 from streamapp.units import UnitError, parse_duration
 
@@ -37,6 +37,13 @@ def speed_arg(text: str) -> float | None:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"--speed must be a number > 0 or 'max', got {text!r}")
     return value
+
+
+def stream_prefix_arg(text: str) -> str:
+    try:
+        return parse_stream_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def rename_arg(text: str) -> tuple[str, str]:
@@ -70,7 +77,9 @@ def configure_record(parser: argparse.ArgumentParser) -> None:
                              "--duration or Ctrl-C)")
     synthetic = parser.add_argument_group("synthetic recordings")
     synthetic.add_argument("--synthetic", action="store_true", help="record synthetic cameras instead of topics")
-    synthetic.add_argument("--streams", type=count_arg, default=2, help="cameras cam1, cam2, ... (default 2)")
+    synthetic.add_argument("--streams", type=count_arg, default=2, help="how many cameras (default 2)")
+    synthetic.add_argument("--stream", type=stream_prefix_arg, default="cam",
+                           help="camera name prefix: cam1, cam2, ... (default cam)")
     synthetic.add_argument("--frames", type=count_arg, default=120, help="frames per camera (default 120)")
     synthetic.add_argument("--size", type=resolution_arg, default=(160, 120), help="default 160x120")
     synthetic.add_argument("--fps", type=fps_arg, default=15.0, help="per camera (default 15)")
@@ -86,14 +95,19 @@ def run_record(args: argparse.Namespace) -> int:
     if args.synthetic:
         if args.topics or args.follow or args.max_records or args.duration:
             raise CommandError("--synthetic takes no --topics, --follow, --max-records or --duration")
+        try:
+            parse_stream_id(f"{args.stream}{args.streams}")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         names = topic_names(settings)
         width, height = args.size
         records = synthetic_records(settings, streams=args.streams, frames=args.frames, width=width,
                                     height=height, fps=args.fps or 15.0,
-                                    latency_ms=round(args.latency * 1000), start_ms=SYNTHETIC_START_MS)
+                                    latency_ms=round(args.latency * 1000), start_ms=SYNTHETIC_START_MS,
+                                    prefix=args.stream)
         renamed = (_renamed(record, names) for record in records)
         topics = {names["frames"]: settings.partitions, names["detections"]: settings.partitions}
-        note = (f"synthetic: {args.streams} cameras x {args.frames} frames, {width}x{height}, "
+        note = (f"synthetic: {args.streams} cameras ({args.stream}1...) x {args.frames} frames, {width}x{height}, "
                 f"{args.fps} fps, results {args.latency * 1000:.0f} ms after their frames")
         with RecordingWriter(args.out, topics, note=note) as writer:
             count = writer.write_all(renamed)

@@ -185,7 +185,7 @@ async def run_scenario(worker: Worker, settings: Settings, records: list[Record]
         deadline = time.monotonic() + timeout_s
         while True:
             await reader.read()
-            counts = _delta(counter_values(sampler.last), before)
+            counts = counter_delta(counter_values(sampler.last), before)
             consumed = (counts["frames"], counts["results"]) == expected_in
             out = len({output.joined.frame.id for output in reader.outputs})
             if consumed and out >= frames_out and sampler.zero_since is not None:
@@ -198,7 +198,7 @@ async def run_scenario(worker: Worker, settings: Settings, records: list[Record]
     finally:
         sampling.cancel()
         await reader.stop()
-    outcome = Outcome(_delta(counter_values(sampler.last), before), sampler.max_entries, sampler.max_bytes,
+    outcome = Outcome(counter_delta(counter_values(sampler.last), before), sampler.max_entries, sampler.max_bytes,
                       reader.outputs, sent)
     outcome.lag_s = consumer_lag_s(sampler.consumed, before["frames"] + before["results"], sent)
     if sampler.zero_since is not None:
@@ -206,7 +206,7 @@ async def run_scenario(worker: Worker, settings: Settings, records: list[Record]
     return outcome
 
 
-def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+def counter_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {key: after[key] - before[key] for key in COUNTERS}
 
 

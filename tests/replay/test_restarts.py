@@ -16,7 +16,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from harness import (COUNTERS, SCENARIOS, SLACK_S, JoinedReader, Outcome, Sampler, counter_values,
+from harness import (COUNTERS, SCENARIOS, SLACK_S, JoinedReader, Outcome, Sampler, counter_delta, counter_values,
                      expected_counts, join_settings, plan_for, sent_sides, start_join, to_pipeline,
                      wait_until)
 from streamapp import replay
@@ -77,17 +77,17 @@ def test_join_killed_mid_replay_loses_no_frame(kafka_bootstrap, tmp_path):
         outcome, in_flight, join = asyncio.run(
             _replay_with_kill(join, settings, records, plan.speed, kill_after=len(records) * 2 // 5,
                               log_dir=tmp_path / "logs-2", frames=len(prediction.joined | prediction.unmatched)))
-        print("\n" + outcome.line(scenario.name) + f" in_flight_at_kill={in_flight}")
+        per_frame = collections.Counter(output.joined.frame.id for output in outcome.outputs)
+        repeats = sum(per_frame.values()) - len(per_frame)
+        print("\n" + outcome.line(scenario.name) + f" in_flight_at_kill={in_flight} repeats_in_joined={repeats}")
 
         expected = expected_counts(scenario, prediction)
-        per_frame = collections.Counter(output.joined.frame.id for output in outcome.outputs)
         frames, results = sent_sides(outcome.sent)
         assert set(per_frame) == set(frames), "every frame sent comes out, and nothing else"
         assert len({o.joined.frame.id for o in outcome.outputs if o.joined.matched}) == expected["joined"]
         assert len({o.joined.frame.id for o in outcome.outputs if not o.joined.matched}) == expected["unmatched"]
         for output in outcome.outputs:
             assert output.joined.detections.boxes == results[output.joined.frame.id].boxes
-        repeats = sum(per_frame.values()) - len(per_frame)
         assert repeats <= in_flight
         # The sink writes each frame once, however often it comes.
         wait_until(lambda: _sink_handled(sink) == len(outcome.outputs), 60, "the sink to take every output")
@@ -188,7 +188,7 @@ async def _replay_kill_restart(join: Worker, settings: Settings, records, predic
                     and stats["join_pending_entries"] == pending and await uncommitted_records(settings) == 0):
                 break  # committed, so the restarted worker sees none of it again
             await asyncio.sleep(0.2)
-        before_kill = _minus(counter_values(stats), start)
+        before_kill = counter_delta(counter_values(stats), start)
         join.kill()
         if not keep_store:
             shutil.rmtree(settings.data_dir)
@@ -211,7 +211,3 @@ async def _replay_kill_restart(join: Worker, settings: Settings, records, predic
         await reader.stop()
     outcome = Outcome(_sum(before_kill, after), sampler.max_entries, sampler.max_bytes, reader.outputs, sent)
     return outcome, recovered_at_ms, join
-
-
-def _minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    return {key: after[key] - before[key] for key in COUNTERS}
