@@ -30,7 +30,7 @@ from streamapp.topics import max_record_bytes
 from streamapp.units import UnitError, parse_duration
 
 SIDES = ("frames", "results", "both")
-_KIND_SIDE = {wire.Kind.FRAME: "frames", wire.Kind.DETECTIONS: "results"}
+_SIDE_OF_TYPE = {wire.Frame: "frames", wire.Detections: "results"}
 Records = Iterator[Record]
 
 
@@ -39,11 +39,13 @@ class ReplayError(ValueError):
 
 
 def side_of(record: Record) -> Optional[str]:
-    """``"frames"``, ``"results"``, or None for anything that is not a frame or a result."""
+    """``"frames"``, ``"results"``, or None for anything else. A malformed frame or result is
+    "anything else": transforms pass it untouched, and the join dead-letters it as it would live."""
     try:
-        return _KIND_SIDE.get(wire.peek_kind(record.value))
+        decoded = wire.decode(record.value)
     except wire.WireError:
         return None
+    return _SIDE_OF_TYPE.get(type(decoded))
 
 
 def _on(side: str, record: Record) -> bool:

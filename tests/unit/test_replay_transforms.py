@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 from pathlib import Path
 
@@ -205,3 +206,12 @@ def test_replay_reports_bad_input_without_a_traceback(tmp_path, capsys):
     bad_scenario.write_text(json.dumps({"transforms": []}))
     assert main(["replay", "--scenario", str(bad_scenario)]) == 1
     assert "not a scenario file" in capsys.readouterr().err
+
+
+def test_malformed_frames_pass_every_transform_untouched():
+    valid = frame_record("cam1", 0, 0)
+    broken = dataclasses.replace(valid, value=valid.value.replace(b'"index":0', b'"index":-'))
+    assert replay.side_of(broken) is None
+    for spec in ("restart:1", "skew:1s", "drop:both:1", "delay:both:1s"):
+        assert run(spec, [broken]) == [broken]
+    assert replay.predict([broken], Settings(), speed=1.0).counts["frames_in"] == 0
