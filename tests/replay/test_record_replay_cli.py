@@ -74,5 +74,7 @@ def test_recorded_topics_replay_with_keys_headers_and_partitions(kafka_bootstrap
 
     assert main(["record", "--topics", source, "--max-records", "7", "--out", str(recording)]) == 0
     assert len(list(Recording(recording))) == 7
+    assert main(["record", "--topics", source, "--follow", "--duration", "2s", "--out", str(recording)]) == 0
+    assert len(list(Recording(recording))) == 30
     assert main(["record", "--topics", "no-such-topic-here", "--out", str(tmp_path / "x.rec")]) == 1
     assert "does not exist" in capsys.readouterr().err
