@@ -104,10 +104,11 @@ class SendBufferBytes(asyncio.Queue):
 
 
 class OverloadCounts(Counter):
-    """``budget_dropped_records_total`` and ``budget_dropped_bytes_total`` (drop-oldest only)."""
+    """What full stream buffers did: partitions paused (backpressure), records dropped (drop-oldest)."""
 
     def as_metrics(self) -> dict[str, int]:
-        return {"budget_dropped_records_total": self["records"],
+        return {"budget_stream_buffer_pauses_total": self["pauses"],
+                "budget_dropped_records_total": self["records"],
                 "budget_dropped_bytes_total": self["bytes"]}
 
 
@@ -135,7 +136,10 @@ class ByteBoundedQueue(ThrowableQueue):
         return self.policy == BACKPRESSURE and super().full()
 
     def in_pressure_high_state(self, callback) -> bool:
-        return self.policy == BACKPRESSURE and super().in_pressure_high_state(callback)
+        if self.policy != BACKPRESSURE or not super().in_pressure_high_state(callback):
+            return False
+        self.dropped["pauses"] += 1
+        return True
 
     def _put(self, item: Any) -> None:
         size = event_bytes(item)

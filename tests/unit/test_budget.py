@@ -78,7 +78,7 @@ def test_queue_size_is_its_bytes_and_full_means_over_the_limit():
 
 
 def test_backpressure_pauses_the_partition_on_bytes_and_resumes_when_drained():
-    queue, _ = _queue(1000, BACKPRESSURE)
+    queue, dropped = _queue(1000, BACKPRESSURE)
     calls = []
 
     def put(size):
@@ -90,6 +90,7 @@ def test_backpressure_pauses_the_partition_on_bytes_and_resumes_when_drained():
     assert calls == []
     put(10)  # 900 bytes queued: over 80 %
     assert calls == ["pause"]
+    assert dropped.as_metrics()["budget_stream_buffer_pauses_total"] == 1
     while not queue.empty():
         asyncio.run(queue.get())
     asyncio.run(_get_with_timeout(queue))
@@ -111,7 +112,8 @@ def test_drop_oldest_makes_room_acks_and_counts_what_it_dropped():
         assert not queue.full() and queue.qsize() <= 1000
     assert queue.qsize() == 900
     assert [event.acked for event in events] == [True] * 7 + [False] * 3
-    assert dropped.as_metrics() == {"budget_dropped_records_total": 7, "budget_dropped_bytes_total": 2100}
+    assert dropped.as_metrics() == {"budget_stream_buffer_pauses_total": 0,
+                                    "budget_dropped_records_total": 7, "budget_dropped_bytes_total": 2100}
     assert queue.get_nowait() is events[7]  # the newest stay
 
 
