@@ -211,5 +211,9 @@ def register(stage) -> None:
 
     @stage.app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():
+        # Mid-recovery the store holds part of the changelog: an overdue frame whose "joined"
+        # marker is in a later batch would be emitted again as unmatched.
+        if stage.app.in_recovery or stage.app.rebalancing:
+            return
         await window.sweep(now_ms(), on_due)
         await disk.tend(window, on_due)
