@@ -26,6 +26,9 @@ from streamapp.wire import Detections
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 FRAMES_PER_PHASE = 24
+# Waits are generous: a rebalance on a loaded 2-core machine can take minutes; a test that
+# passes returns as soon as the condition holds.
+
 
 
 @pytest.fixture
@@ -78,17 +81,17 @@ def test_partitions_move_back_and_forth_without_loss_and_still_expire(settings, 
         while_down = asyncio.run(_publish(settings, "while-down"))
         ids += while_down
         matched = [frame_path(settings.out_dir, frame_id) for frame_id in while_down if frame_id.index % 2 == 0]
-        assert asyncio.run(wait_for(lambda: all(path.exists() for path in matched), 90)) is not None, \
+        assert asyncio.run(wait_for(lambda: all(path.exists() for path in matched), 240)) is not None, \
             "the survivor takes every partition"
 
         second = _worker(settings, "join", "join-b-again", tmp_path)
         workers.append(second)
         assert asyncio.run(wait_for(second.ready, 120)) is not None
         ids += asyncio.run(_publish(settings, "after"))
-        assert asyncio.run(wait_for(lambda: processed(second) > 0, 90)) is not None, "partitions move back"
+        assert asyncio.run(wait_for(lambda: processed(second) > 0, 240)) is not None, "partitions move back"
 
         files = [frame_path(settings.out_dir, frame_id) for frame_id in ids]
-        assert asyncio.run(wait_for(lambda: all(path.exists() for path in files), 120)) is not None, \
+        assert asyncio.run(wait_for(lambda: all(path.exists() for path in files), 240)) is not None, \
             [str(frame_id) for frame_id, path in zip(ids, files) if not path.exists()][:10]
         joined = asyncio.run(read_joined(settings))
         assert set(joined.copies) == set(ids)
