@@ -116,7 +116,7 @@ def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
         if broker is not None:
             broker.start(timeout=120)
         bootstrap = options.bootstrap or broker.bootstrap
-        settings = (settings or Settings()).replace(
+        settings = (settings or Settings.from_env()).replace(
             broker=f"kafka://{bootstrap}", topic_prefix=f"soak-{new_epoch()}.", stages=("join",),
             data_dir=out / "data" / "join", web_port=free_port(),
             memory_budget_bytes=options.memory_budget_bytes)
