@@ -77,6 +77,7 @@ HELP: dict[str, str] = {
     "budget_producer_batch_bytes": "Largest producer batch per partition.",
     "budget_send_buffer_bytes": "Bytes that may wait in the producer's send buffer.",
     "stream_buffer_bytes": "Bytes waiting in the stream buffers between the consumer and the agents.",
+    "budget_stream_buffer_pauses_total": "Partitions paused because a stream buffer was full (backpressure).",
     "budget_dropped_records_total": "Buffered records dropped to stay in budget (drop-oldest only).",
     "budget_dropped_bytes_total": "Bytes of the buffered records dropped to stay in budget.",
     "disk_budget_bytes": "Bytes the join window may take on disk (STREAMAPP_DISK_BUDGET).",
