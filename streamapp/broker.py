@@ -578,7 +578,7 @@ class LocalBroker:
         }
 
     def _write_properties(self, controller_port: int) -> None:
-        lines = [f"# Written by streamapp.broker at every start; edits are overwritten."]
+        lines = ["# Written by streamapp.broker at every start; edits are overwritten."]
         lines += [f"{key}={value}" for key, value in self.properties(controller_port).items()]
         self.properties_file.write_text("\n".join(lines) + "\n")
 

@@ -33,14 +33,15 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streamapp import wire
-from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
 from streamapp.agents.sink import frame_path
+from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
 from streamapp.broker import DEFAULT_PORT, free_port
-from streamapp.demo import DemoFailed, DemoOptions, Worker, ensure_broker
+from streamapp.demo import DemoOptions, ensure_broker
 from streamapp.publisher import FramePublisher, interleave, paced
 from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.units import parse_duration
+from streamapp.workers import Worker
 
 POLL_S = 0.25
 
@@ -333,7 +334,7 @@ def run_chaos(options: ChaosOptions, settings: Settings | None = None) -> dict:
 
 async def _wait_ready(pipeline: Pipeline) -> None:
     if await wait_for(lambda: all(worker.ready() for worker in pipeline.workers.values()), 120) is None:
-        raise DemoFailed("timed out after 120 s waiting for the workers to be ready")
+        raise TimeoutError("timed out after 120 s waiting for the workers to be ready")
 
 
 # --- the command ------------------------------------------------------------------------------

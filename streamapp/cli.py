@@ -240,13 +240,14 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     from streamapp.demo import DemoFailed, DemoOptions, run_demo as demo
+    from streamapp.workers import WorkerExited
 
     width, height = args.size
     options = DemoOptions(streams=args.streams, frames=args.frames, width=width, height=height,
                           fps=args.fps, out=args.out, broker_port=args.port, timeout_s=args.timeout)
     try:
         summary = demo(options)
-    except DemoFailed as exc:
+    except (DemoFailed, WorkerExited, TimeoutError) as exc:
         raise CommandError(str(exc)) from None
     print(json.dumps(summary, indent=2))
     return 0

@@ -12,12 +12,8 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -32,10 +28,9 @@ from streamapp.groundtruth import TruthBox, match_boxes
 from streamapp.publisher import FramePublisher, interleave, paced
 from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.workers import Worker, wait_until
 
 log = logging.getLogger(__name__)
-
-READY_MARKER = "Worker ready"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,50 +48,6 @@ class DemoOptions:
 
 class DemoFailed(RuntimeError):
     pass
-
-
-class Worker:
-    """One ``faust -A streamapp.app worker`` process running one stage."""
-
-    def __init__(self, stage: str, settings: Settings, log_dir: Path) -> None:
-        self.stage = stage
-        self.settings = settings
-        self.log_path = log_dir / f"{stage}.log"
-        env = {**os.environ, **settings.to_env()}
-        faust = Path(sys.executable).with_name("faust")
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [str(faust), "-A", "streamapp.app", "worker", "-l", "info", "--web-port", str(settings.web_port)],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise DemoFailed(f"the {self.stage} worker exited with {self.process.returncode}; see {self.log_path}")
-        return READY_MARKER in self.log_path.read_text(errors="replace")
-
-    def stats(self) -> dict:
-        url = f"http://127.0.0.1:{self.settings.web_port}/streamapp/stats/"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return json.loads(response.read())
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would: no shutdown, no final commit, no flush."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self._log.close()
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                log.warning("%s worker did not stop in %.0f s; killing it", self.stage, timeout_s)
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._log.close()
 
 
 @dataclasses.dataclass
@@ -130,12 +81,12 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
         for stage in STAGES:
             workers.append(Worker(stage, base.replace(
                 stages=(stage,), web_port=free_port(), data_dir=out / ".data" / stage), out / "logs"))
-        _wait_until(lambda: all(worker.ready() for worker in workers), 120, "workers to be ready")
+        wait_until(lambda: all(worker.ready() for worker in workers), 120, "workers to be ready")
         _announce_web_pages(workers)
         produced = asyncio.run(_produce(options, base))
         outcome = asyncio.run(_collect(options, base, produced))
         elapsed = time.monotonic() - produced.started
-        _wait_until(lambda: _sink_caught_up(out, produced), 60, "the sink to write every frame")
+        wait_until(lambda: _sink_caught_up(out, produced), 60, "the sink to write every frame")
         stats = {worker.stage: worker.stats() for worker in workers}
         for worker in workers:
             worker.stop()
@@ -290,11 +241,3 @@ async def _delete_topics(settings: Settings) -> None:
             await admin.delete_topics(mine)
     finally:
         await admin.close()
-
-
-def _wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise DemoFailed(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.25)

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamapp.broker import LocalBroker
-from streamapp.demo import Worker
 from streamapp.settings import Settings
 from streamapp.topics import changelog_name, topic_names
+from streamapp.workers import Worker
 
 if TYPE_CHECKING:
     from streamapp.bench.soak import NaiveJoin, Progress

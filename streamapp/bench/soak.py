@@ -34,9 +34,9 @@ from streamapp.bench.naive import naive_topic
 from streamapp.bench.report import build_report, draw_charts
 from streamapp.bench.sampler import Sampler
 from streamapp.broker import LocalBroker, free_port
-from streamapp.demo import Worker
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.workers import Worker, wait_until
 
 SIZE_4K = (3840, 2160)
 # A 4K JPEG is ~25x a 640x480 one: the 4k scenario sends a 50th of the pairs at a 25th of the rate.
@@ -126,7 +126,7 @@ def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
         naive = NaiveJoin(settings, out) if options.baseline == "naive" else None
         if naive is not None:
             processes.append(naive)
-        _wait_until(join.ready, 120, "the join worker to start")
+        wait_until(join.ready, 120, "the join worker to start")
         sampler = Sampler(settings, join, naive, out, broker)
         progress = asyncio.run(_drive(options, settings, sampler))
     finally:
@@ -331,11 +331,3 @@ async def _slow_sink(settings: Settings, options: SoakOptions, progress: Progres
 def _remove(paths: list[Path]) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.25)

@@ -24,11 +24,11 @@ from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import new_epoch, synthetic_frames
 from streamapp.broker import free_port
-from streamapp.demo import Worker
-from streamapp.metrics import HELP, sample_name
+from streamapp.metrics import sample_name
 from streamapp.publisher import FramePublisher, interleave
 from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics, topic_names
+from streamapp.workers import Worker
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,10 @@ from streamapp.agents.sink import frame_path
 from streamapp.agents.source import new_epoch, synthetic_frames
 from streamapp.broker import LocalBroker, free_port
 from streamapp.chaos import read_joined, wait_for
-from streamapp.demo import Worker
 from streamapp.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics
+from streamapp.workers import Worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

@@ -3,13 +3,11 @@ sink, and pending join entries come back from the local store or from the change
 still expire."""
 
 import asyncio
-import shutil
 
 import pytest
 
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.broker import free_port
 from streamapp.chaos import ChaosOptions, Pipeline, read_joined, run_chaos, wait_for
 from streamapp.publisher import FramePublisher
 from streamapp.settings import Settings

@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamapp import wire
 from streamapp.agents.sink import label_colour
 from streamapp.broker import free_port
-from streamapp.demo import Worker
 from streamapp.imaging import encode_jpeg
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, topic_names
+from streamapp.workers import Worker, wait_until
 
 # Labels whose box colours (BGR) appear nowhere else on the page.
 STREAM_LABELS = {"cam1": "green", "cam2": "blue"}
@@ -69,14 +69,6 @@ def get(port: int, path: str) -> bytes:
         return response.read()
 
 
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}", pytrace=False)
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def sink_worker(kafka_bootstrap, tmp_path_factory):
     root = tmp_path_factory.mktemp("preview")
@@ -85,10 +77,10 @@ def sink_worker(kafka_bootstrap, tmp_path_factory):
     asyncio.run(ensure_topics(settings))
     worker = Worker("sink", settings, root)
     try:
-        wait_for(worker.ready, 120, "the sink worker to start")
+        wait_until(worker.ready, 120, "the sink worker to start")
         asyncio.run(publish(settings, [joined_record(stream, label, index)
                                        for index in range(3) for stream, label in STREAM_LABELS.items()]))
-        wait_for(lambda: len(json.loads(get(settings.web_port, "/preview/streams.json"))["streams"]) == 2,
+        wait_until(lambda: len(json.loads(get(settings.web_port, "/preview/streams.json"))["streams"]) == 2,
                  60, "the preview to hold both streams")
         yield worker
     finally:
@@ -124,7 +116,7 @@ def test_metrics_page_is_prometheus_text_that_agrees_with_the_stats_page(sink_wo
         return {family.name: family for family in text_string_to_metric_families(get(port, "/metrics").decode())}
 
     # Lag is known from the first commit of the consumed offsets on.
-    wait_for(lambda: "kafka_consumer_lag_records" in families(), 30, "the consumer's first commit")
+    wait_until(lambda: "kafka_consumer_lag_records" in families(), 30, "the consumer's first commit")
     families = families()
     stats = json.loads(get(port, "/streamapp/stats/"))
     # The parser names counter families without their _total suffix.

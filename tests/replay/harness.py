@@ -21,11 +21,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streamapp import replay, wire
 from streamapp.broker import free_port
-from streamapp.demo import Worker
 from streamapp.recording import Record
 from streamapp.scenario import ReplayPlan, Scenario
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
+from streamapp.workers import Worker, wait_until
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 # Scheduling slack on a loaded 2-core machine, added to every timing bound (never a pass on its own).
@@ -55,14 +55,6 @@ def start_join(settings: Settings, log_dir: Path, timeout_s: float = 120.0) -> W
     worker = Worker("join", settings, log_dir)
     wait_until(worker.ready, timeout_s, "the join worker to be ready")
     return worker
-
-
-def wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def plan_for(scenario: Scenario, settings: Settings) -> ReplayPlan:

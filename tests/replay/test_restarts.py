@@ -22,10 +22,10 @@ from harness import (COUNTERS, SCENARIOS, SLACK_S, JoinedReader, Outcome, Sample
 from streamapp import replay
 from streamapp.agents.sink import frame_path
 from streamapp.broker import free_port
-from streamapp.demo import Worker
 from streamapp.scenario import Scenario
 from streamapp.settings import Settings
 from streamapp.topics import topic_names
+from streamapp.workers import Worker
 
 pytestmark = pytest.mark.replay
 

@@ -7,8 +7,6 @@ import socket
 import subprocess
 import sys
 
-import pytest
-
 from streamapp.broker import free_port
 from streamapp.cli import COMMANDS, build_parser, main
 

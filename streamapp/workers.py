@@ -1,0 +1,83 @@
+"""Worker processes: one ``faust -A streamapp.app worker`` per stage, started, watched, stopped.
+
+Used by everything that runs the pipeline as separate processes: the demo, the benchmarks and
+the tests that kill, restart or scale workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from streamapp.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Faust logs this once partitions are assigned and the tables are recovered.
+READY_MARKER = "Worker ready"
+
+
+class WorkerExited(RuntimeError):
+    """A worker process ended while it was expected to run."""
+
+
+class Worker:
+    """One worker process running the stages of ``settings`` (usually one stage)."""
+
+    def __init__(self, stage: str, settings: Settings, log_dir: Path) -> None:
+        self.stage = stage
+        self.settings = settings
+        self.log_path = log_dir / f"{stage}.log"
+        env = {**os.environ, **settings.to_env()}
+        faust = Path(sys.executable).with_name("faust")
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [str(faust), "-A", "streamapp.app", "worker", "-l", "info", "--web-port", str(settings.web_port)],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise WorkerExited(f"the {self.stage} worker exited with {self.process.returncode}; "
+                               f"see {self.log_path}")
+        return READY_MARKER in self.log_path.read_text(errors="replace")
+
+    def stats(self) -> dict:
+        url = f"http://127.0.0.1:{self.settings.web_port}/streamapp/stats/"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown, no final commit, no flush."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._log.close()
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s worker did not stop in %.0f s; killing it", self.stage, timeout_s)
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, *, poll_s: float = 0.25) -> None:
+    """Poll ``condition`` until it holds; TimeoutError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
