@@ -167,12 +167,13 @@ def peek_kind(value: bytes | None) -> bytes:
 
 
 def decode(value: bytes | None, *, max_frame_bytes: int | None = None) -> Frame | Detections | Joined:
-    kind = peek_kind(value)
+    # Unpacked once: the header is parsed and the body sliced here only, not again by kind.
+    kind, header, body = _unpack(value)
     if kind == Kind.FRAME:
-        return decode_frame(value, max_frame_bytes=max_frame_bytes)
+        return _frame_from(header, body, max_frame_bytes)
     if kind == Kind.DETECTIONS:
-        return decode_detections(value)
-    return decode_joined(value, max_frame_bytes=max_frame_bytes)
+        return _detections_record(header, body)
+    return _joined_from(header, body, max_frame_bytes)
 
 
 def decode_frame(value: bytes | None, *, max_frame_bytes: int | None = None) -> Frame:
@@ -182,13 +183,21 @@ def decode_frame(value: bytes | None, *, max_frame_bytes: int | None = None) -> 
 
 def decode_detections(value: bytes | None) -> Detections:
     header, body = _expect(value, Kind.DETECTIONS)
+    return _detections_record(header, body)
+
+
+def decode_joined(value: bytes | None, *, max_frame_bytes: int | None = None) -> Joined:
+    header, body = _expect(value, Kind.JOINED)
+    return _joined_from(header, body, max_frame_bytes)
+
+
+def _detections_record(header: dict, body: bytes) -> Detections:
     if body:
         raise WireError(f"detections: unexpected {len(body)} body bytes after the header")
     return _detections_from(header)
 
 
-def decode_joined(value: bytes | None, *, max_frame_bytes: int | None = None) -> Joined:
-    header, body = _expect(value, Kind.JOINED)
+def _joined_from(header: dict, body: bytes, max_frame_bytes: int | None) -> Joined:
     frame = _frame_from(header, body, max_frame_bytes)
     status = header.get("status")
     if status == "unmatched":
