@@ -205,7 +205,6 @@ class JoinStore(faust_rocksdb.Store):
         ``key in store`` and then ``store[key]``, reading a whole pending frame twice."""
         return self.partition(self._event_partition()).get(key)
 
-
     def _set(self, key: bytes, value: Optional[bytes]) -> None:
         self.partition(self._event_partition()).write(key, value)
 
