@@ -198,12 +198,7 @@ class JoinStore(faust_rocksdb.Store):
     def all_partitions(self) -> Iterator[tuple[int, JoinPartition]]:
         return iter(sorted(self._partitions.items()))
 
-    # --- Faust's read and write paths ---------------------------------------------------------
-
-    def get_in_event(self, key: bytes) -> Optional[bytes]:
-        """The value in the current event's partition, in one read: Faust's ``table.get`` asks
-        ``key in store`` and then ``store[key]``, reading a whole pending frame twice."""
-        return self.partition(self._event_partition()).get(key)
+    # --- Faust's write paths ------------------------------------------------------------------
 
     def _set(self, key: bytes, value: Optional[bytes]) -> None:
         self.partition(self._event_partition()).write(key, value)

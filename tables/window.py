@@ -66,8 +66,7 @@ class JoinWindow:
 
     # Inside an agent's event: partition and changelog come from the event, as Faust does it.
     def get(self, key: bytes) -> Optional[Entry]:
-        self.table.on_key_get(key)  # Faust's table sensors, as table.get would call them
-        value = self.table.data.get_in_event(key)
+        value = self.table.get(key)
         return None if value is None else Entry.decode(value)
 
     def put(self, key: bytes, entry: Entry) -> None:
