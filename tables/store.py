@@ -195,6 +195,13 @@ class JoinStore(faust_rocksdb.Store):
             if TP(topic, number) in actives:
                 yield number, self._partitions[number]
 
+    def still_owns(self, number: int, partition: JoinPartition) -> bool:
+        """True while ``partition`` is open here and active: a rebalance may revoke or reopen it
+        while a caller awaits something."""
+        actives = self.app.assignor.assigned_actives()
+        return (self._partitions.get(number) is partition
+                and TP(self.table.changelog_topic_name, number) in actives)
+
     def all_partitions(self) -> Iterator[tuple[int, JoinPartition]]:
         return iter(sorted(self._partitions.items()))
 

@@ -86,7 +86,11 @@ class JoinWindow:
                 due = partition.expired(now_ms, SWEEP_BATCH)
                 outcomes = [await on_due(key, Entry.decode(value), number) for key, value in due]
                 await asyncio.gather(*(outcome.delivery for outcome in outcomes if outcome.delivery))
-                for (key, _), outcome in zip(due, outcomes):
+                if not store.still_owns(number, partition):
+                    break  # revoked while delivering: its new owner expires these entries
+                for (key, value), outcome in zip(due, outcomes):
+                    if partition.get(key) != value:
+                        continue  # the agent completed or replaced the entry while we waited
                     encoded = None if outcome.replacement is None else outcome.replacement.encode()
                     partition.write(key, encoded)
                     self.table.send_changelog(number, key, encoded)
