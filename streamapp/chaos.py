@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
+from streamapp.arguments import count_arg
 from streamapp.broker import DEFAULT_PORT, free_port
 from streamapp.demo import DemoOptions, ensure_broker
 from streamapp.publisher import FramePublisher, interleave, paced
@@ -352,9 +353,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                           "streams play, restart them, and report frames lost, duplicates at the "
                           "sink and recovery times (written to OUT/chaos.json). Exits 1 if a frame "
                           "was lost or written twice.")
-    parser.add_argument("--kills", type=int, default=20, help="kills in a row (default 20)")
+    parser.add_argument("--kills", type=count_arg, default=20, help="kills in a row (default 20)")
     parser.add_argument("--stages", type=stages_arg, default=STAGES, help="stages to kill (default all)")
-    parser.add_argument("--streams", type=int, default=2, help="synthetic streams (default 2)")
+    parser.add_argument("--streams", type=count_arg, default=2, help="synthetic streams (default 2)")
     parser.add_argument("--fps", type=float, default=10.0, help="frames per second per stream (default 10)")
     parser.add_argument("--ttl", default="30s", help="join TTL (default 30s)")
     parser.add_argument("--guarantee", choices=PROCESSING_GUARANTEES, default="at_least_once",

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from streamapp import chaos, replay_commands
+from streamapp.arguments import count_arg, fps_arg, resolution_arg, size_arg
 from streamapp.bench import soak_command
 from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, BrokerError,
                               LocalBroker, default_data_dir, kafka_home)
-from streamapp.settings import Settings, SettingsError, parse_resolution, parse_stream_id
+from streamapp.settings import Settings, SettingsError, parse_stream_id
 from streamapp.topics import TopicError
-from streamapp.units import UnitError, format_bytes, parse_bytes
+from streamapp.units import UnitError, format_bytes
 
 
 class CommandError(RuntimeError):
@@ -46,14 +47,6 @@ class Command:
 
 def _note(message: str) -> None:
     print(f"streamapp: {message}", file=sys.stderr)
-
-
-def size_arg(text: str) -> int:
-    """An argparse ``type`` for byte sizes written as in settings: ``16MiB``, ``17MB``, ``1048576``."""
-    try:
-        return parse_bytes(text, name="size")
-    except UnitError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,33 +121,6 @@ def run_topics(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------
 # streamapp produce
-
-
-def resolution_arg(text: str) -> tuple[int, int]:
-    try:
-        return parse_resolution(text, "--size")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def fps_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--fps must be a number, got {text!r}") from None
-    if not (0 <= value <= 1000):
-        raise argparse.ArgumentTypeError("--fps must be between 0 (as fast as possible) and 1000")
-    return value
-
-
-def count_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
 
 
 def configure_produce(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from streamapp import replay
+from streamapp.arguments import count_arg, fps_arg, resolution_arg
 from streamapp.scenario import ReplayPlan, Scenario
 from streamapp.recording import RecordingError, RecordingWriter, RecordLimits, record_topics, synthetic_records
 from streamapp.settings import Settings, parse_stream_id
@@ -58,7 +59,6 @@ def rename_arg(text: str) -> tuple[str, str]:
 
 
 def configure_record(parser: argparse.ArgumentParser) -> None:
-    from streamapp.cli import count_arg, fps_arg, resolution_arg
 
     parser.description = (
         "Record topics (every partition, from the beginning; keys, headers, timestamps, "

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from streamapp.arguments import count_arg, fps_arg, resolution_arg, size_arg
+
 SCENARIOS = ("steady", "stall", "slow-sink", "4k")
 
 
@@ -13,7 +15,6 @@ HELP = "frame/result pairs through the join worker, memory and disk sampled ever
 
 
 def configure(soak: argparse.ArgumentParser) -> None:
-    from streamapp.cli import count_arg, fps_arg, resolution_arg, size_arg
 
     soak.description = ("Start a local broker and a join worker, publish frame/result pairs, sample RSS, "
                         "pending state, RocksDB and topic bytes once a second, and write report.json and "
