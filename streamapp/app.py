@@ -78,7 +78,8 @@ class StreamApp(faust.App):
 
     def FlowControlQueue(self, maxsize: int | None = None, *, clear_on_resume: bool = False) -> ByteBoundedQueue:
         queue = ByteBoundedQueue(self.memory_plan.stream_buffer_bytes, policy=self.streamapp_settings.overload,
-                                 dropped=self.dropped, flow_control=self.flow_control,
+                                 dropped=self.dropped, current_generation=lambda: self.consumer_generation_id,
+                                 flow_control=self.flow_control,
                                  clear_on_resume=clear_on_resume)
         self.stream_buffers.append(queue)
         return queue

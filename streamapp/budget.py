@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from mode.utils.queues import ThrowableQueue
 
@@ -77,6 +77,10 @@ def event_bytes(item: Any) -> int:
     return _length(getattr(message, "key", None)) + _length(getattr(message, "value", None))
 
 
+def _generation_of(item: Any) -> Any:
+    return getattr(getattr(item, "message", None), "generation_id", None)
+
+
 def _length(data: Any) -> int:
     return len(data) if isinstance(data, (bytes, bytearray, memoryview, str)) else 0
 
@@ -120,13 +124,18 @@ class ByteBoundedQueue(ThrowableQueue):
     40 %, and waits (stops draining the fetcher) while the queue is full. With drop-oldest, a
     record that would overfill the queue first pushes out the oldest ones, acked so their
     offsets still commit.
+
+    ``current_generation`` is the consumer group generation now: a flow-control clear at the end
+    of a rebalance keeps what was fetched in it (see :meth:`clear`).
     """
 
-    def __init__(self, limit_bytes: int, *, policy: str, dropped: OverloadCounts, **kwargs: Any) -> None:
+    def __init__(self, limit_bytes: int, *, policy: str, dropped: OverloadCounts,
+                 current_generation: Callable[[], int], **kwargs: Any) -> None:
         super().__init__(maxsize=limit_bytes, **kwargs)
         self.bytes = 0
         self.policy = policy
         self.dropped = dropped
+        self.current_generation = current_generation
 
     def qsize(self) -> int:
         return self.bytes
@@ -155,8 +164,20 @@ class ByteBoundedQueue(ThrowableQueue):
         return item
 
     def clear(self) -> None:
+        """Faust clears stream buffers when a rebalance suspends flow, and again when it resumes
+        flow after recovery. By the second clear the consumer has resumed the new assignment and
+        may have fetched records into this buffer, with its position already past them: dropped,
+        they are never fetched again (and on a partition without a committed offset, offsets
+        commit past them). So a clear while flow is active drops only records fetched in an
+        earlier generation, which the stream would skip anyway."""
+        if self._flow_control.is_active():
+            generation = self.current_generation()
+            kept = [item for item in self._queue if _generation_of(item) == generation]  # type: ignore[attr-defined]
+        else:
+            kept = []
         super().clear()
-        self.bytes = 0
+        self._queue.extend(kept)  # type: ignore[attr-defined]
+        self.bytes = sum(event_bytes(item) for item in kept)
 
     def _drop_oldest(self) -> None:
         oldest = self._get()

@@ -19,11 +19,12 @@ MIB = 1024**2
 class Message:
     key: bytes
     value: bytes
+    generation_id: int = 1
 
 
 class Event:
-    def __init__(self, size: int) -> None:
-        self.message = Message(b"k", b"v" * (size - 1))
+    def __init__(self, size: int, generation: int = 1) -> None:
+        self.message = Message(b"k", b"v" * (size - 1), generation)
         self.acked = False
 
     def ack(self) -> None:
@@ -60,10 +61,12 @@ def test_overload_policy_is_checked():
         Settings.from_env({"STREAMAPP_OVERLOAD": "drop"})
 
 
-def _queue(limit: int, policy: str) -> tuple[ByteBoundedQueue, OverloadCounts]:
+def _queue(limit: int, policy: str, *, generation: int = 1,
+           flow: FlowControlEvent | None = None) -> tuple[ByteBoundedQueue, OverloadCounts]:
     dropped = OverloadCounts()
-    flow = FlowControlEvent(initially_suspended=False)
-    return ByteBoundedQueue(limit, policy=policy, dropped=dropped, flow_control=flow), dropped
+    flow = flow or FlowControlEvent(initially_suspended=False)
+    return ByteBoundedQueue(limit, policy=policy, dropped=dropped, current_generation=lambda: generation,
+                            flow_control=flow, clear_on_resume=True), dropped
 
 
 def test_queue_size_is_its_bytes_and_full_means_over_the_limit():
@@ -102,6 +105,30 @@ async def _get_with_timeout(queue):
         await asyncio.wait_for(queue.get(), 0.01)
     except asyncio.TimeoutError:
         pass
+
+
+def test_clear_when_a_rebalance_suspends_flow_drops_everything():
+    flow = FlowControlEvent(initially_suspended=False)
+    queue, _ = _queue(1000, BACKPRESSURE, generation=2, flow=flow)
+    for generation in (1, 2):
+        queue.force_put_nowait(Event(100, generation))
+    flow.suspend()
+    flow.clear()  # what Faust does when partitions are revoked
+    assert queue.empty() and queue.qsize() == 0
+
+
+def test_resuming_flow_keeps_what_was_fetched_in_this_generation():
+    """After recovery Faust resumes the new assignment, then seeks, then resumes flow, which
+    clears stream buffers: records fetched in between must stay, the consumer will not fetch
+    them again."""
+    flow = FlowControlEvent(initially_suspended=True)
+    queue, _ = _queue(1000, BACKPRESSURE, generation=3, flow=flow)
+    stale, fetched = Event(100, generation=2), [Event(200, generation=3), Event(300, generation=3)]
+    for event in (stale, *fetched):
+        queue.force_put_nowait(event)
+    flow.resume()
+    assert [queue.get_nowait() for _ in range(len(fetched))] == fetched
+    assert queue.empty() and queue.qsize() == 0
 
 
 def test_drop_oldest_makes_room_acks_and_counts_what_it_dropped():
