@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import shutil
 import time
 
@@ -63,11 +62,6 @@ def _partitions(consumer: AIOKafkaConsumer, topic: str):
     return [TopicPartition(topic, number) for number in sorted(consumer.partitions_for_topic(topic) or ())]
 
 
-# Open bug, the same family as the rebalance test's: in 1 of 3 full-suite runs, frames sent after
-# the kill on some partitions never came out of the restarted join (253 of 288 frames seen, 3
-# results expired as orphans). Run it with STREAMAPP_RUN_KNOWN_ISSUES=1.
-@pytest.mark.skipif(not os.environ.get("STREAMAPP_RUN_KNOWN_ISSUES"),
-                    reason="known issue: frames lost after a join restart in some full-suite runs")
 def test_join_killed_mid_replay_loses_no_frame(kafka_bootstrap, tmp_path):
     scenario = Scenario.load(RESTARTS / "join-killed-mid-replay.json")
     settings = join_settings(kafka_bootstrap, scenario, tmp_path / "join")
