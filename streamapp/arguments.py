@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from streamapp.settings import parse_resolution
 from streamapp.units import UnitError, parse_bytes
@@ -23,21 +24,61 @@ def resolution_arg(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+MAX_FPS = 1000
+
+
 def fps_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--fps must be a number, got {text!r}") from None
-    if not (0 <= value <= 1000):
-        raise argparse.ArgumentTypeError("--fps must be between 0 (as fast as possible) and 1000")
+    """Frames (or pairs) per second; 0 means as fast as possible."""
+    value = _finite(text)
+    if not 0 <= value <= MAX_FPS:
+        raise argparse.ArgumentTypeError(f"expected 0 (as fast as possible) to {MAX_FPS} per second, got {text}")
+    return value
+
+
+def steady_fps_arg(text: str) -> float:
+    """Frames per second for a command whose point is a steady pace: 0 is refused."""
+    value = fps_arg(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a steady rate above 0 per second, got 0")
+    return value
+
+
+def seconds_arg(text: str) -> float:
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text}")
     return value
 
 
 def count_arg(text: str) -> int:
+    return _whole(text, lowest=1)
+
+
+def count_or_zero_arg(text: str) -> int:
+    return _whole(text, lowest=0)
+
+
+def port_arg(text: str) -> int:
+    return _whole(text, lowest=1, highest=65535)
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _whole(text: str, *, lowest: int, highest: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"expected at least {lowest}, got {value}")
+    if highest is not None and value > highest:
+        raise argparse.ArgumentTypeError(f"expected at most {highest}, got {value}")
     return value

@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
-from streamapp.arguments import count_arg
+from streamapp.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
 from streamapp.broker import DEFAULT_PORT, free_port
 from streamapp.demo import DemoOptions, ensure_broker
 from streamapp.publisher import FramePublisher, interleave, paced
@@ -356,15 +356,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kills", type=count_arg, default=20, help="kills in a row (default 20)")
     parser.add_argument("--stages", type=stages_arg, default=STAGES, help="stages to kill (default all)")
     parser.add_argument("--streams", type=count_arg, default=2, help="synthetic streams (default 2)")
-    parser.add_argument("--fps", type=float, default=10.0, help="frames per second per stream (default 10)")
+    parser.add_argument("--fps", type=steady_fps_arg, default=10.0, help="frames per second per stream (default 10)")
     parser.add_argument("--ttl", default="30s", help="join TTL (default 30s)")
     parser.add_argument("--guarantee", choices=PROCESSING_GUARANTEES, default="at_least_once",
                         help="Faust processing guarantee of the workers (default at_least_once)")
-    parser.add_argument("--wipe-join-store-every", type=int, default=2,
+    parser.add_argument("--wipe-join-store-every", type=count_or_zero_arg, default=2,
                         help="every N-th kill of the join deletes its store (default 2; 0 never)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill order and moments")
     parser.add_argument("--out", type=Path, default=Path("out/chaos"), help="default out/chaos")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"broker port (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"broker port (default {DEFAULT_PORT})")
 
 
 def run(args: argparse.Namespace) -> int:

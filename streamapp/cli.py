@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from streamapp import chaos, replay_commands
-from streamapp.arguments import count_arg, fps_arg, resolution_arg, size_arg
+from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.bench import soak_command
 from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, BrokerError,
                               LocalBroker, default_data_dir, kafka_home)
@@ -64,20 +64,20 @@ def configure_broker(parser: argparse.ArgumentParser) -> None:
                               ("stop", "stop the broker (SIGTERM, then SIGKILL after --timeout)"),
                               ("status", "show whether the broker runs (exit code 3 if not)")):
         sub = actions.add_parser(action, help=help_text, description=help_text)
-        sub.add_argument("--port", type=int, default=None,
+        sub.add_argument("--port", type=port_arg, default=None,
                          help=f"client port on 127.0.0.1 (default {DEFAULT_PORT}); "
                               f"the controller takes the next free port")
         sub.add_argument("--data-dir", type=Path, default=None,
                          help="where the broker keeps its logs, pid file and topics "
                               f"(default {default_data_dir(DEFAULT_PORT).parent}/broker-PORT)")
         if action == "start":
-            sub.add_argument("--timeout", type=float, default=90.0,
+            sub.add_argument("--timeout", type=seconds_arg, default=90.0,
                              help="seconds to wait for the broker to answer (default 90)")
             sub.add_argument("--max-message-bytes", type=size_arg, default=DEFAULT_MAX_MESSAGE_BYTES,
                              help=f"largest record batch the broker accepts "
                                   f"(default {format_bytes(DEFAULT_MAX_MESSAGE_BYTES)})")
         elif action == "stop":
-            sub.add_argument("--timeout", type=float, default=30.0,
+            sub.add_argument("--timeout", type=seconds_arg, default=30.0,
                              help="seconds to wait after SIGTERM before killing it (default 30)")
 
 
@@ -199,8 +199,8 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fps", type=fps_arg, default=15.0,
                         help="per stream; 0 = as fast as possible (default 15)")
     parser.add_argument("--out", type=Path, default=Path("out"), help="output folder (default out/)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"broker port (default {DEFAULT_PORT})")
-    parser.add_argument("--timeout", type=float, default=300.0,
+    parser.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"broker port (default {DEFAULT_PORT})")
+    parser.add_argument("--timeout", type=seconds_arg, default=300.0,
                         help="seconds to wait for every frame to leave the join (default 300)")
 
 

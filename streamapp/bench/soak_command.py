@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from streamapp.arguments import count_arg, fps_arg, resolution_arg, size_arg
+from streamapp.arguments import count_arg, fps_arg, resolution_arg, seconds_arg, size_arg
 
 SCENARIOS = ("steady", "stall", "slow-sink", "4k")
 
@@ -28,7 +28,7 @@ def configure(soak: argparse.ArgumentParser) -> None:
                       help="steady, stall (no results for --stall seconds), slow-sink (a reader of joined "
                            "at a third of the rate), 4k (3840x2160, a 50th of the pairs at a 25th of the rate), "
                            "or all of them in turn (default steady)")
-    soak.add_argument("--stall", type=float, default=60.0, help="seconds inference stalls (default 60)")
+    soak.add_argument("--stall", type=seconds_arg, default=60.0, help="seconds inference stalls (default 60)")
     soak.add_argument("--baseline", choices=["naive"], help="also run a naive in-memory dict join on the same input")
     soak.add_argument("--memory-budget", type=size_arg, default=512 * 1024**2,
                       help="STREAMAPP_MEMORY_BUDGET of the join worker (default 512MiB)")

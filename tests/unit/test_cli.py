@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from streamapp.broker import free_port
 from streamapp.cli import COMMANDS, build_parser, main
 
@@ -38,6 +40,21 @@ def test_help_exits_zero(capsys):
 def test_ambiguous_size_is_a_usage_error(capsys, tmp_path):
     assert main(["broker", "start", "--data-dir", str(tmp_path), "--max-message-bytes", "16M"]) == 2
     assert "ambiguous" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["bench", "chaos", "--fps", "-3"], "expected 0 (as fast as possible) to 1000 per second"),
+    (["bench", "chaos", "--fps", "0"], "expected a steady rate above 0"),
+    (["bench", "chaos", "--wipe-join-store-every", "-1"], "expected at least 0"),
+    (["bench", "soak", "--stall", "nan"], "expected a finite number"),
+    (["demo", "--timeout", "-5"], "expected seconds above 0"),
+    (["demo", "--port", "70000"], "expected at most 65535"),
+    (["broker", "stop", "--timeout", "soon"], "expected a number"),
+])
+def test_bad_numbers_are_usage_errors_before_anything_starts(capsys, argv, reason):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and reason in err
 
 
 def test_status_of_a_stopped_broker_exits_3(capsys, tmp_path):
