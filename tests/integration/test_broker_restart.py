@@ -8,13 +8,13 @@ import asyncio
 import pytest
 
 from streamapp.agents.sink import frame_path
-from streamapp.agents.source import new_epoch, synthetic_frames
 from streamapp.broker import LocalBroker, free_port
 from streamapp.chaos import read_joined, wait_for
-from streamapp.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics
 from streamapp.workers import Worker
+
+from publishing import publish_frames
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -32,15 +32,6 @@ def broker(kafka_bootstrap, tmp_path):
         own.stop()
 
 
-async def _publish(settings: Settings, stream: str) -> list:
-    frames = [frame for frame, _ in synthetic_frames(stream, new_epoch(), FRAMES_PER_PHASE, 160, 120, seed=4)]
-    async with FramePublisher(settings) as publisher:
-        for frame in frames:
-            await publisher.publish(frame)
-        await publisher.flush()
-    return [frame.id for frame in frames]
-
-
 def test_workers_reconnect_after_a_broker_restart_and_lose_nothing(broker, tmp_path):
     # A TTL far beyond the outage: a frame waiting for its result must not expire meanwhile.
     settings = Settings(broker=f"kafka://{broker.bootstrap}", partitions=2, join_ttl_s=90.0,
@@ -50,11 +41,11 @@ def test_workers_reconnect_after_a_broker_restart_and_lose_nothing(broker, tmp_p
     worker = Worker("all", settings, tmp_path)
     try:
         assert asyncio.run(wait_for(worker.ready, 120)) is not None
-        ids = asyncio.run(_publish(settings, "before"))
+        ids = asyncio.run(publish_frames(settings, "before", FRAMES_PER_PHASE, seed=4))
         broker.stop()  # while the worker is still busy with those frames
         asyncio.run(asyncio.sleep(3))
         broker.start(timeout=120)
-        ids += asyncio.run(_publish(settings, "after"))
+        ids += asyncio.run(publish_frames(settings, "after", FRAMES_PER_PHASE, seed=4))
 
         files = [frame_path(settings.out_dir, frame_id) for frame_id in ids]
         assert asyncio.run(wait_for(lambda: all(path.exists() for path in files), 180)) is not None, \

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 from streamapp.agents.sink import frame_path
-from streamapp.agents.source import new_epoch, synthetic_frames
 from streamapp.chaos import ChaosOptions, Pipeline, read_joined, run_chaos, wait_for
-from streamapp.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics
+
+from publishing import publish_frames
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -53,15 +53,6 @@ def join_and_sink(kafka_bootstrap, tmp_path, unique_topic):
         pipeline.stop()
 
 
-async def _publish(settings: Settings, stream: str) -> list:
-    frames = [frame for frame, _ in synthetic_frames(stream, new_epoch(), PENDING, 160, 120, seed=1)]
-    async with FramePublisher(settings) as publisher:
-        for frame in frames:
-            await publisher.publish(frame)
-        await publisher.flush()
-    return [frame.id for frame in frames]
-
-
 def _gauge(pipeline: Pipeline, name: str) -> float:
     try:
         return pipeline.workers["join"].stats().get(name, 0)
@@ -72,7 +63,7 @@ def _gauge(pipeline: Pipeline, name: str) -> float:
 @pytest.mark.parametrize("store", ["local store", "changelog alone"])
 def test_pending_entries_survive_a_kill_and_still_expire(join_and_sink, store):
     settings, pipeline = join_and_sink
-    ids = asyncio.run(_publish(settings, "pending"))
+    ids = asyncio.run(publish_frames(settings, "pending", PENDING, seed=1))
     assert asyncio.run(wait_for(lambda: _gauge(pipeline, "join_frames_in_total") == PENDING, 60)) is not None
 
     pipeline.kill("join", wipe_store=store == "changelog alone")
