@@ -130,34 +130,42 @@ def _packaged(name: str) -> bytes:
 
 
 def ensure_jars(home: Path | str | None = None, *, notify: Notify | None = None) -> Path:
-    """Return the directory of Kafka jars, fetching them with Maven on first use.
+    """Return the directory of Kafka jars, fetching them with Maven on first use."""
+    home = Path(home) if home is not None else kafka_home()
+    return copy_maven_dependencies(
+        _packaged("pom.xml"), home, what=f"the Apache Kafka {KAFKA_VERSION} jars",
+        expected_jar=f"kafka_2.13-{KAFKA_VERSION}.jar",
+        cache_hint="set STREAMAPP_KAFKA_HOME to a directory whose libs/ already holds them",
+        notify=notify)
+
+
+def copy_maven_dependencies(pom: bytes, home: Path, *, what: str, expected_jar: str, cache_hint: str,
+                            notify: Notify | None = None) -> Path:
+    """Return ``home/libs`` holding the runtime dependencies of ``pom``, copied by Maven once.
 
     The copy is made in a scratch directory and moved into place with a marker file holding the
     pom's hash, so an interrupted copy is never used and a changed pom fetches again. A file
     lock keeps concurrent first runs from fetching twice.
     """
     notify = notify or log.info
-    home = Path(home) if home is not None else kafka_home()
     libs = home / "libs"
-    pom = _packaged("pom.xml")
     digest = hashlib.sha256(pom).hexdigest()[:16]
     if _jars_complete(libs, digest):
         return libs
     try:
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BrokerError(f"cannot create the Kafka jar cache {home}: {exc} (set STREAMAPP_KAFKA_HOME)") from None
+        raise BrokerError(f"cannot create the jar cache {home}: {exc} ({cache_hint})") from None
     with _file_lock(home / ".lock"):
         if _jars_complete(libs, digest):
             return libs
         mvn = shutil.which("mvn")
         if not mvn:
             raise BrokerError(
-                f"the Apache Kafka {KAFKA_VERSION} jars are not in {libs} and Maven (`mvn`) is not "
-                f"installed to fetch them from Maven Central; install Maven (needed once), or set "
-                f"STREAMAPP_KAFKA_HOME to a directory whose libs/ already holds them"
+                f"{what} are not in {libs} and Maven (`mvn`) is not installed to fetch them from "
+                f"Maven Central; install Maven (needed once), or {cache_hint}"
             )
-        notify(f"fetching the Apache Kafka {KAFKA_VERSION} jars from Maven Central into {libs} (first run only)")
+        notify(f"fetching {what} from Maven Central into {libs} (first run only)")
         work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
         try:
             (work / "pom.xml").write_bytes(pom)
@@ -167,10 +175,10 @@ def ensure_jars(home: Path | str | None = None, *, notify: Notify | None = None)
                  f"-DoutputDirectory={fetched}", "-DincludeScope=runtime"],
                 capture_output=True, text=True, cwd=work,
             )
-            if proc.returncode != 0 or not list(fetched.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):
+            if proc.returncode != 0 or not list(fetched.glob(expected_jar)):
                 output = _tail((proc.stdout + proc.stderr).splitlines(), LOG_TAIL_LINES)
                 raise BrokerError(
-                    f"Maven could not fetch the Kafka {KAFKA_VERSION} jars (exit code {proc.returncode}); "
+                    f"Maven could not fetch {what} (exit code {proc.returncode}); "
                     f"check the network access to Maven Central. Maven said:\n{output}"
                 )
             (fetched / ".complete").write_text(digest + "\n")
