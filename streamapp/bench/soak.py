@@ -24,13 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka import AIOKafkaConsumer
 
 from streamapp import wire
-from streamapp.agents.source import SyntheticScene, new_epoch, to_frame
+from streamapp.agents.source import new_epoch
 from streamapp.bench.naive import naive_topic
+from streamapp.bench.pairs import (FRAME, create_plain_topics, detections_for, encoded_frames,
+                                   load_producer, pace, publish_order)
 from streamapp.bench.report import build_report, draw_charts
 from streamapp.bench.sampler import Sampler
 from streamapp.broker import LocalBroker, free_port
@@ -42,9 +42,7 @@ SIZE_4K = (3840, 2160)
 # A 4K JPEG is ~25x a 640x480 one: the 4k scenario sends a 50th of the pairs at a 25th of the rate.
 PAIRS_SCALE_4K = 50
 RATE_SCALE_4K = 25
-RESULT_LAG = 3          # a result is published this many frames after its frame
 STALL_AT = 0.4          # fraction of the pairs sent when inference stalls
-DISTINCT_FRAMES = 8     # pre-encoded JPEGs, reused with new ids
 MIB = 1024**2
 
 
@@ -143,17 +141,8 @@ def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
 
 async def _create_topics(settings: Settings, options: SoakOptions) -> None:
     await ensure_topics(settings, with_changelog=True)
-    if options.baseline != "naive":
-        return
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(naive_topic(settings), settings.partitions, 1, topic_configs={
-            "max.message.bytes": str(max_record_bytes(settings)), "retention.ms": str(3600 * 1000)})])
-    except TopicAlreadyExistsError:
-        pass
-    finally:
-        await admin.close()
+    if options.baseline == "naive":
+        await create_plain_topics(settings, [naive_topic(settings)])
 
 
 class NaiveJoin:
@@ -219,43 +208,29 @@ def _drained(progress: Progress, engines: dict[str, str]) -> bool:
 # the load
 
 
-def encoded_frames(width: int, height: int) -> list[bytes]:
-    scene = SyntheticScene(width, height, seed=5)
-    return [to_frame(wire.FrameId("soak", 1, index), 0, scene.render(index)[0]).jpeg
-            for index in range(DISTINCT_FRAMES)]
-
-
-def detections_for(frame_id: wire.FrameId, width: int, height: int) -> wire.Detections:
-    box = wire.Box("object", 0.9, width // 4, height // 4, width // 8, height // 8)
-    return wire.Detections(frame_id, (box,), "soak", 1.0, width, height)
-
-
 async def _publish(options: SoakOptions, settings: Settings, progress: Progress) -> None:
     width, height = options.size
     jpegs = encoded_frames(width, height)
     names = topic_names(settings)
     epoch = new_epoch()
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
-                                max_request_size=max_record_bytes(settings),
-                                max_batch_size=min(max_record_bytes(settings), MIB), linger_ms=5)
+    producer = load_producer(settings)
     await producer.start()
     stall = StallWindow(int(options.pair_count * STALL_AT), options.stall_s if options.scenario == "stall" else 0)
     try:
-        for index in range(options.pair_count + RESULT_LAG):
-            if index < options.pair_count:
-                await _pace(options.pair_rate, index, progress.started)
+        for kind, index in publish_order(0, options.pair_count):
+            if kind == FRAME:
+                await pace(options.pair_rate, index, progress.started)
                 frame = wire.Frame(wire.FrameId("soak", epoch, index), int(time.time() * 1000),
                                    width, height, jpegs[index % len(jpegs)])
                 value = wire.encode_frame(frame)
                 await producer.send(names["frames"], value, key=frame.id.bucket_key(settings.bucket_size))
                 progress.pairs_sent += 1
                 progress.frame_bytes += len(value)
-            lagging = index - RESULT_LAG
-            if lagging >= 0 and not stall.withholds(lagging):
-                frame_id = wire.FrameId("soak", epoch, lagging)
+            elif not stall.withholds(index):
+                frame_id = wire.FrameId("soak", epoch, index)
                 await producer.send(names["detections"], wire.encode_detections(detections_for(frame_id, width, height)),
                                     key=frame_id.bucket_key(settings.bucket_size))
-                progress.result_sent_at[lagging] = time.time()
+                progress.result_sent_at[index] = time.time()
                 progress.results_sent += 1
         await producer.flush()
     finally:
@@ -277,15 +252,6 @@ class StallWindow:
         if self._until is None:
             self._until = time.monotonic() + self.seconds
         return time.monotonic() < self._until
-
-
-async def _pace(rate: float, index: int, started: float) -> None:
-    if rate:
-        ahead = started + index / rate - time.monotonic()
-        if ahead > 0.002:
-            await asyncio.sleep(ahead)
-    elif index % 64 == 0:
-        await asyncio.sleep(0)  # let the readers and the sampler run
 
 
 async def _read_joined(settings: Settings, engine: str, topic: str, progress: Progress) -> None:
