@@ -29,31 +29,23 @@ class WorkerExited(RuntimeError):
     """A worker process ended while it was expected to run."""
 
 
-class Worker:
-    """One worker process running the stages of ``settings`` (usually one stage)."""
+class Process:
+    """A child process in its own session (so stopping it stops its children), its output in a
+    log file; ready once the log shows ``ready_marker``."""
 
-    def __init__(self, stage: str, settings: Settings, log_dir: Path) -> None:
-        self.stage = stage
-        self.settings = settings
-        self.log_path = log_dir / f"{stage}.log"
-        env = {**os.environ, **settings.to_env()}
-        faust = Path(sys.executable).with_name("faust")
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [str(faust), "-A", "streamapp.app", "worker", "-l", "info", "--web-port", str(settings.web_port)],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    def __init__(self, name: str, argv: list[str], log_path: Path, ready_marker: str,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.ready_marker = ready_marker
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
 
     def ready(self) -> bool:
         if self.process.poll() is not None:
-            raise WorkerExited(f"the {self.stage} worker exited with {self.process.returncode}; "
-                               f"see {self.log_path}")
-        return READY_MARKER in self.log_path.read_text(errors="replace")
-
-    def stats(self) -> dict:
-        url = f"http://127.0.0.1:{self.settings.web_port}/streamapp/stats/"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return json.loads(response.read())
+            raise WorkerExited(f"the {self.name} exited with {self.process.returncode}; see {self.log_path}")
+        return self.ready_marker in self.log_path.read_text(errors="replace")
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: no shutdown, no final commit, no flush."""
@@ -68,10 +60,28 @@ class Worker:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                log.warning("%s worker did not stop in %.0f s; killing it", self.stage, timeout_s)
+                log.warning("the %s did not stop in %.0f s; killing it", self.name, timeout_s)
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
+
+
+class Worker(Process):
+    """One worker process running the stages of ``settings`` (usually one stage)."""
+
+    def __init__(self, stage: str, settings: Settings, log_dir: Path) -> None:
+        self.stage = stage
+        self.settings = settings
+        faust = Path(sys.executable).with_name("faust")
+        super().__init__(
+            f"{stage} worker",
+            [str(faust), "-A", "streamapp.app", "worker", "-l", "info", "--web-port", str(settings.web_port)],
+            log_dir / f"{stage}.log", READY_MARKER, env={**os.environ, **settings.to_env()})
+
+    def stats(self) -> dict:
+        url = f"http://127.0.0.1:{self.settings.web_port}/streamapp/stats/"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, *, poll_s: float = 0.25) -> None:
