@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from streamapp import chaos, replay_commands
 from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
-from streamapp.bench import soak_command
+from streamapp.bench import join_command, soak_command
 from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, BrokerError,
                               LocalBroker, default_data_dir, kafka_home)
 from streamapp.settings import Settings, SettingsError, parse_stream_id
@@ -226,6 +226,7 @@ def run_demo(args: argparse.Namespace) -> int:
 BENCHES: list[Command] = [
     Command("chaos", "kill stages at random under load, restart them, count lost and duplicate frames",
             chaos.configure, chaos.run),
+    Command("join", join_command.HELP, join_command.configure, join_command.run),
     Command("soak", soak_command.HELP, soak_command.configure, soak_command.run),
 ]
 
@@ -251,7 +252,8 @@ COMMANDS: list[Command] = [
     Command("produce", "publish a synthetic scene or a video file to the frames topic",
             configure_produce, run_produce),
     Command("demo", "run the whole pipeline on a local broker and check the output", configure_demo, run_demo),
-    Command("bench", "long-running measurements (chaos: crashes under load; soak: memory and disk)",
+    Command("bench", "long-running measurements (chaos: crashes under load; join: against Kafka Streams; "
+                     "soak: memory and disk)",
             configure_bench, run_bench),
     Command("record", "record topics (or synthetic cameras) to a recording file",
             replay_commands.configure_record, replay_commands.run_record),
