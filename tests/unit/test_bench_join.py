@@ -1,0 +1,135 @@
+"""The pure parts of ``streamapp bench join``: argument validation, the sustained-rate decision,
+the backlog summary, the report, its markdown and chart, and how outputs are counted."""
+
+from __future__ import annotations
+
+import cv2
+import pytest
+
+from streamapp.bench.join import Outputs, index_of_join_key
+from streamapp.bench.join_report import (backlog_summary, build_report, describe_machine, draw_chart, lag_slope,
+                                         markdown, max_sustained, step_summary)
+from streamapp.bench.pairs import FRAME, RESULT, publish_order
+from streamapp.cli import main
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["--rates", "300,150"], "expected rising rates, got 150 after 300"),
+    (["--rates", "150,abc"], "expected a number, got 'abc'"),
+    (["--rates", "0,150"], "expected rates above 0"),
+    (["--live-seconds", "-1"], "expected seconds above 0"),
+    (["--pairs", "0"], "expected at least 1"),
+    (["--backlog-rate", "0"], "expected a steady rate above 0"),
+    (["--systems", "flink"], "invalid choice: 'flink'"),
+])
+def test_bad_arguments_are_one_usage_error_before_a_broker_starts(capsys, argv, reason):
+    assert main(["bench", "join", *argv]) == 2
+    err = capsys.readouterr().err
+    assert reason in err and err.count("error:") == 1
+
+
+def lag_points(growth_per_s: float, seconds: int = 9) -> list[tuple[float, float]]:
+    return [(t / 2, 40 + growth_per_s * t / 2 + (5 if t % 2 else -5)) for t in range(2 * seconds)]
+
+
+def raw_step(rate=300.0, pairs=3000, publish_s=10.0, growth=0.0, joined=3000, out=3000):
+    return {"rate": rate, "pairs": pairs, "publish_s": publish_s, "lag": lag_points(growth), "drained": True,
+            "pairs_out": out, "joined": joined, "latencies_s": [0.01 * (i % 10 + 1) for i in range(pairs)]}
+
+
+def test_lag_slope_is_the_growth_per_second_despite_jitter():
+    assert lag_slope(lag_points(30.0)) == pytest.approx(30.0, abs=1.5)
+    assert lag_slope(lag_points(0.0)) == pytest.approx(0.0, abs=1.5)
+    assert lag_slope([(1.0, 5.0)]) == 0.0
+
+
+def test_a_step_is_sustained_only_when_joined_offered_and_lag_flat():
+    assert step_summary(raw_step(), joins=True)["sustained"]
+    assert not step_summary(raw_step(joined=2990), joins=True)["sustained"]  # 99.67 % joined
+    assert step_summary(raw_step(joined=2998), joins=True)["sustained"]      # 99.93 %
+    assert not step_summary(raw_step(growth=40.0), joins=True)["sustained"]  # lag grows 13 % of the rate
+    short = step_summary(raw_step(publish_s=12.0), joins=True)               # the load offered 250/s
+    assert not short["offered"] and not short["sustained"]
+    copied = step_summary(raw_step(joined=0), joins=False)                   # a copy joins nothing
+    assert copied["joined_fraction"] is None and copied["sustained"]
+    assert step_summary(raw_step(), joins=True)["latency_s"]["p99"] == pytest.approx(0.1)
+
+
+def test_max_sustained_rate_is_the_top_of_the_sustained_run_and_says_what_ended_it():
+    def step(rate, sustained=True, offered=True):
+        return {"rate": rate, "sustained": sustained, "offered": offered}
+
+    assert max_sustained([step(150), step(300), step(450, sustained=False)]) == {"rate": 300, "limited_by": "system"}
+    assert max_sustained([step(150), step(300)]) == {"rate": 300, "limited_by": "rates"}
+    assert max_sustained([step(150), step(300, offered=False)]) == {"rate": 150, "limited_by": "load"}
+    assert max_sustained([step(150, sustained=False)]) == {"rate": None, "limited_by": "system"}
+
+
+def raw_backlog(**changes):
+    samples = [{"t": t, "rss_bytes": 100 + t, "cpu_s": t, "pending_bytes": None if t == 0 else 10 * t,
+                "published": 2000, "out": 0} for t in range(5)]
+    return {"pairs": 2000, "published_s": 3.0, "startup_s": 2.0, "drain_s": 4.0, "cpu_s": 3.0,
+            "pairs_out": 2000, "joined": 1990, "counters": {"join_unmatched_frames_total": 10}, "samples": samples,
+            **changes}
+
+
+def test_backlog_summary():
+    summary = backlog_summary(raw_backlog(), joins=True)
+    assert summary["pairs_per_s"] == 500.0 and summary["cpu_s_per_1k_pairs"] == 1.5
+    assert summary["joined_fraction"] == 0.995 and summary["unmatched"] == 10
+    assert summary["peak_pending_bytes"] == 40 and summary["peak_rss_bytes"] == 104 and summary["complete"]
+    copy = backlog_summary(raw_backlog(counters={}, pairs_out=1500), joins=False)
+    assert copy["joined_fraction"] is None and copy["unmatched"] is None and not copy["complete"]
+
+
+def sample_report() -> dict:
+    steps = [step_summary(raw_step(rate=150.0, pairs=1500, publish_s=10.0), joins=True),
+             step_summary(raw_step(growth=100.0), joins=True)]
+    live = {"steps": steps, "max_sustained": max_sustained(steps), "counters": {}}
+    systems = {
+        "copy": {"label": "plain copy", "pending_measure": None,
+                 "backlog": backlog_summary(raw_backlog(counters={}), joins=False), "live": live},
+        "kstreams": {"label": "Kafka Streams", "pending_measure": "state dir bytes",
+                     "backlog": backlog_summary(raw_backlog(counters={}, drain_s=8.0), joins=True), "live": live},
+        "streamapp": {"label": "streamapp join worker", "pending_measure": "join_pending_bytes",
+                      "error": "TimeoutError: timed out waiting for the worker"},
+    }
+    options = {"command": "streamapp bench join --pairs 2000", "partitions": 4, "width": 640, "height": 480,
+               "frame_record_bytes": 49_000, "result_lag": 3, "ttl_s": 5.0, "pairs": 2000, "backlog_rate": 150.0,
+               "live_seconds": 10.0, "rates": [150.0, 300.0], "warmup_s": 5.0}
+    versions = {"kafka_broker": "4.1.1", "kafka_streams": "4.4.0", "java": "openjdk 17", "kstreams_jvm": "-Xmx1g",
+                "faust": "0.15.3", "aiokafka": "0.14.0", "python": "3.11.7"}
+    return build_report(options, versions, systems, describe_machine())
+
+
+def test_report_markdown_describes_the_machine_and_every_system():
+    report = sample_report()
+    assert report["ratios"]["backlog_vs_kstreams"] is None  # our worker did not run
+    text = markdown(report)
+    assert "nproc" in text and "load average" in text and report["machine"]["cpu"] in text
+    assert "| plain copy | 500 | 1.50 | – |" in text
+    assert "| Kafka Streams | 250 | 1.50 | 99.50 % |" in text
+    assert "| Kafka Streams | 150 | " in text and "✗" in text  # 300/s: lag grew
+    assert "streamapp join worker: TimeoutError" in text
+
+
+def test_chart_is_one_png_with_both_panels(tmp_path):
+    draw_chart(tmp_path / "join.png", sample_report())
+    image = cv2.imread(str(tmp_path / "join.png"))
+    assert image is not None and image.shape[:2] == (960, 960)  # two 960x480 panels, one above the other
+
+
+def test_publish_order_puts_each_result_a_few_frames_after_its_frame():
+    order = list(publish_order(10, 5, lag=3))
+    assert [index for kind, index in order if kind == FRAME] == [10, 11, 12, 13, 14]
+    assert [index for kind, index in order if kind == RESULT] == [10, 11, 12, 13, 14]
+    assert order.index((RESULT, 10)) == order.index((FRAME, 13)) + 1
+
+
+def test_a_pair_is_out_once_its_frame_and_its_result_are():
+    outputs = Outputs(result_sent_at={7: 100.0})
+    outputs.pair_out(7, True, 100.25)          # the copy's result record, or a joined record
+    assert outputs.pairs == 0 and outputs.latencies == {7: 0.25}
+    outputs.frames += 1
+    assert outputs.pairs == 1
+    assert index_of_join_key(b"bench:1796:12345") == 12345
