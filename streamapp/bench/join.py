@@ -38,7 +38,7 @@ from streamapp.agents.source import new_epoch
 from streamapp.bench import copy, join_report, kstreams
 from streamapp.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
                                    load_producer, pace, publish_order, wait_for_leaders)
-from streamapp.bench.sampler import cpu_seconds_of, directory_bytes, rss_of
+from streamapp.bench.sampler import cpu_seconds_of, rss_of
 from streamapp.broker import KAFKA_VERSION, LocalBroker, check_java, free_port
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
@@ -50,9 +50,6 @@ SAMPLE_INTERVAL_S = 0.5
 READY_TIMEOUT_S = 120.0
 # After the TTL the join emits what it could not match; past that, silence means it is done.
 QUIET_AFTER_TTL_S = 5.0
-# Before the first step, this long at the first rate: JIT compilation, caches and connections
-# settle in every system, so the lowest rate measures the steady state.
-WARMUP_S = 5.0
 # Latencies of a step's first tenth are the system settling into the rate, not its steady state.
 WARMUP_FRACTION = 0.1
 
@@ -62,6 +59,9 @@ class JoinBenchOptions:
     pairs: int = 20_000
     rates: tuple[float, ...] = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0)
     live_seconds: float = 10.0
+    # Before the first step, this long at the first rate: JIT compilation, caches and connections
+    # settle in every system, so the lowest rate measures the steady state.
+    warmup_s: float = 5.0
     backlog_rate: float = 150.0
     ttl_s: float = 5.0
     systems: tuple[str, ...] = SYSTEMS
@@ -182,7 +182,7 @@ class PlainCopy(System):
 class KafkaStreamsJoin(System):
     name = "kstreams"
     label = f"Kafka Streams {kstreams.KAFKA_STREAMS_VERSION}"
-    pending_measure = "bytes of its state directory (RocksDB window stores) on disk"
+    pending_measure = "RocksDB memtables + SST files of its window stores (its own RocksDB metrics)"
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -196,7 +196,7 @@ class KafkaStreamsJoin(System):
                                 results=topics.results, output=topics.output, state_dir=state,
                                 window_ms=int(self.settings.join_ttl_s * 1000))
         process = Process("Kafka Streams join", argv, logs / "kstreams.log", kstreams.READY_MARKER)
-        return Running(process, pending=lambda: directory_bytes(state))
+        return Running(process, pending=lambda: kstreams.last_rocksdb_bytes(process.log_path))
 
 
 class StreamappJoin(System):
@@ -447,7 +447,7 @@ class Bench:
 
     async def warm_up(self, load: PairLoad, outputs: Outputs) -> None:
         rate = self.options.rates[0]
-        await load.publish(max(1, round(rate * WARMUP_S)), rate)
+        await load.publish(max(1, round(rate * self.options.warmup_s)), rate)
         await wait_drained(outputs, load.next_index, self.quiet_s, self.options.drain_timeout_s)
 
     async def step(self, load: PairLoad, outputs: Outputs, sampler: Sampler, rate: float) -> dict:
@@ -508,7 +508,7 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
 def report_options(options: JoinBenchOptions, command: str, settings: Settings, bench: Bench) -> dict:
     return {**dataclasses.asdict(options), "out": str(options.out), "rates": list(options.rates),
             "systems": list(options.systems), "command": command, "partitions": settings.partitions,
-            "bucket_size": settings.bucket_size, "result_lag": RESULT_LAG, "warmup_s": WARMUP_S,
+            "bucket_size": settings.bucket_size, "result_lag": RESULT_LAG,
             "frame_record_bytes": bench.frame_record_bytes}
 
 

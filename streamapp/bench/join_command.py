@@ -24,6 +24,8 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help="rising live rates in pairs per second, comma-separated; a system stops at its first "
                            "rate not sustained (default 150,300,450,600,900,1200)")
     join.add_argument("--live-seconds", type=seconds_arg, default=10.0, help="seconds at each live rate (default 10)")
+    join.add_argument("--warmup", type=seconds_arg, default=5.0,
+                      help="seconds at the first live rate before the measured steps (default 5)")
     join.add_argument("--backlog-rate", type=steady_fps_arg, default=150.0,
                       help="the backlog's event time advances as if recorded live at this many pairs per "
                            "second (default 150)")
@@ -43,6 +45,7 @@ def command_line(options) -> str:
     return shlex.join([
         "streamapp", "bench", "join", "--pairs", str(options.pairs),
         "--rates", ",".join(f"{rate:g}" for rate in options.rates), "--live-seconds", f"{options.live_seconds:g}",
+        "--warmup", f"{options.warmup_s:g}",
         "--backlog-rate", f"{options.backlog_rate:g}", "--ttl", f"{options.ttl_s:g}",
         "--size", f"{options.width}x{options.height}", "--systems", *options.systems, "--out", str(options.out)])
 
@@ -53,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     width, height = args.size
     options = JoinBenchOptions(pairs=args.pairs, rates=args.rates, live_seconds=args.live_seconds,
+                               warmup_s=args.warmup,
                                backlog_rate=args.backlog_rate, ttl_s=args.ttl, systems=tuple(args.systems),
                                width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout)
     report = run_join_bench(options, command_line(options), notify=lambda message: print(f"streamapp: {message}", file=sys.stderr))

@@ -23,6 +23,20 @@ JAVA_SOURCE = SOURCE_DIR / "src" / "main" / "java" / "streamapp" / "bench" / "KS
 MAIN_CLASS = "streamapp.bench.KStreamsJoin"
 JVM_OPTIONS = ["-Xms256m", "-Xmx1g", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn"]
 READY_MARKER = "STATE RUNNING"
+ROCKSDB_BYTES = "ROCKSDB_BYTES "
+
+
+def last_rocksdb_bytes(log_path: Path) -> int | None:
+    """The latest RocksDB size the join printed (memtables + SST files of its stores)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    at = text.rfind(ROCKSDB_BYTES)
+    if at < 0:
+        return None
+    line = text[at + len(ROCKSDB_BYTES):].split("\n", 1)[0].strip()
+    return int(line) if line.isdigit() else None
 
 
 def build_home() -> Path:

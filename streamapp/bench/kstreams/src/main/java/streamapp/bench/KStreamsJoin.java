@@ -3,9 +3,13 @@ package streamapp.bench;
 import java.time.Duration;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
 
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.common.Metric;
 import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.streams.KafkaStreams;
@@ -21,8 +25,9 @@ import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
 /**
  * A KStream-KStream inner join of frames with their inference results, keyed per frame
  * ("stream:epoch:index"), one stream thread. Each output value is the frame record followed by the
- * result record. Prints "STATE <state>" on every state change (the bench waits for RUNNING) and
- * exits 1 if the client fails.
+ * result record. Prints "STATE <state>" on every state change (the bench waits for RUNNING), and
+ * "ROCKSDB_BYTES <n>" every second: the memtables and SST files of its window stores, from the
+ * client's RocksDB metrics. Exits 1 if the client fails.
  *
  * Arguments: bootstrap application-id frames-topic results-topic output-topic state-dir window-ms
  */
@@ -38,7 +43,7 @@ public final class KStreamsJoin {
         KStream<byte[], byte[]> frames = builder.stream(args[2], Consumed.with(bytes, bytes));
         KStream<byte[], byte[]> results = builder.stream(args[3], Consumed.with(bytes, bytes));
         JoinWindows window = JoinWindows.ofTimeDifferenceWithNoGrace(Duration.ofMillis(Long.parseLong(args[6])));
-        frames.join(results, KStreamsJoin::concatenate, window, StreamJoined.with(bytes, bytes, bytes))
+        frames.join(results, KStreamsJoin::concatenate, window, StreamJoined.with(bytes, bytes, bytes).withStoreName("frames-results"))
               .to(args[4], Produced.with(bytes, bytes));
 
         KafkaStreams streams = new KafkaStreams(builder.build(), config(args[0], args[1], args[5]));
@@ -57,6 +62,13 @@ public final class KStreamsJoin {
             return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
         });
         Runtime.getRuntime().addShutdownHook(new Thread(() -> streams.close(Duration.ofSeconds(10))));
+        ScheduledExecutorService reporter = Executors.newSingleThreadScheduledExecutor(task -> {
+            Thread thread = new Thread(task, "rocksdb-bytes");
+            thread.setDaemon(true);
+            return thread;
+        });
+        reporter.scheduleAtFixedRate(() -> System.out.println("ROCKSDB_BYTES " + rocksdbBytes(streams)),
+                                     1, 1, TimeUnit.SECONDS);
         streams.start();
         stopped.await();
         System.exit(failed[0] ? 1 : 0);
@@ -75,6 +87,19 @@ public final class KStreamsJoin {
         props.put(StreamsConfig.producerPrefix(ProducerConfig.LINGER_MS_CONFIG), 5);
         props.put(StreamsConfig.producerPrefix(ProducerConfig.MAX_REQUEST_SIZE_CONFIG), 17 * 1024 * 1024);
         return props;
+    }
+
+    /** Bytes the join's state holds in RocksDB: every store's memtables plus its SST files. */
+    static long rocksdbBytes(KafkaStreams streams) {
+        long total = 0;
+        for (Metric metric : streams.metrics().values()) {
+            String name = metric.metricName().name();
+            boolean size = name.equals("size-all-mem-tables") || name.equals("total-sst-files-size");
+            if (size && metric.metricValue() instanceof Number value) {
+                total += value.longValue();
+            }
+        }
+        return total;
     }
 
     static byte[] concatenate(byte[] frame, byte[] result) {

@@ -1,0 +1,50 @@
+"""``streamapp bench join`` end to end on a small input: its own broker, the plain copy, Kafka
+Streams (unless Maven cannot build it here) and the join worker, backlog and one live rate.
+
+Asserts what the bench counts, not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streamapp.bench import kstreams
+from streamapp.bench.join import JoinBenchOptions, run_join_bench
+from streamapp.broker import BrokerError
+
+PAIRS = 300
+RATE = 100.0
+
+
+def systems_that_build() -> tuple[str, ...]:
+    try:
+        kstreams.ensure_build()
+    except BrokerError:
+        return ("copy", "streamapp")
+    return ("copy", "kstreams", "streamapp")
+
+
+@pytest.mark.kafka
+def test_bench_join_runs_every_system_and_writes_its_report(tmp_path):
+    systems = systems_that_build()
+    options = JoinBenchOptions(pairs=PAIRS, rates=(RATE,), live_seconds=3.0, warmup_s=1.0, systems=systems,
+                               out=tmp_path, drain_timeout_s=60.0)
+    report = run_join_bench(options, "streamapp bench join --pairs 300")
+
+    assert json.loads((tmp_path / "report.json").read_text())["systems"].keys() == set(systems)
+    assert "| plain copy (aiokafka) |" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "join.png").stat().st_size > 10_000
+    for name in systems:
+        system = report["systems"][name]
+        assert "error" not in system, system.get("error")
+        backlog, (step,) = system["backlog"], system["live"]["steps"]
+        assert backlog["pairs_out"] == PAIRS and backlog["pairs_per_s"] > 0 and backlog["peak_rss_bytes"] > 0
+        assert backlog["cpu_s_per_1k_pairs"] > 0
+        assert step["pairs"] == 300 and step["latency_s"]["count"] > 0
+    if "kstreams" in systems:
+        assert report["systems"]["kstreams"]["backlog"]["joined_fraction"] == 1.0
+        assert report["systems"]["kstreams"]["backlog"]["peak_pending_bytes"] > 0
+    ours = report["systems"]["streamapp"]["backlog"]
+    assert ours["joined"] + ours["unmatched"] == PAIRS  # every frame left the join once
