@@ -37,7 +37,7 @@ from streamapp import wire
 from streamapp.agents.source import new_epoch
 from streamapp.bench import copy, join_report, kstreams
 from streamapp.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
-                                   load_producer, pace, publish_order, wait_for_leaders)
+                                   load_producer, pace, publish_order)
 from streamapp.bench.sampler import cpu_seconds_of, rss_of
 from streamapp.broker import KAFKA_VERSION, LocalBroker, check_java, free_port
 from streamapp.settings import Settings
@@ -390,7 +390,6 @@ class Bench:
         what must be there first) the system's process, stopped on the way out."""
         topics = system.topics(self.prefix(system, phase))
         await system.create_topics(topics)
-        await wait_for_leaders(self.settings, [topics.frames, topics.results, topics.output])
         producer = load_producer(self.settings)
         await producer.start()
         running: list[Running] = []

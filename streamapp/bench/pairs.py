@@ -76,23 +76,3 @@ async def create_plain_topics(settings: Settings, names: list[str]) -> None:
     finally:
         await admin.close()
 
-
-async def wait_for_leaders(settings: Settings, names: list[str], timeout_s: float = 30.0) -> None:
-    """Until the broker names a leader for every partition of ``names``: a topic created a moment
-    ago answers produce requests with NOT_LEADER until then, and the load would log each retry."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
-    await admin.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not _all_led(await admin.describe_topics(names)):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for leaders of {', '.join(names)}")
-            await asyncio.sleep(0.1)
-    finally:
-        await admin.close()
-
-
-def _all_led(described: list[dict]) -> bool:
-    return all(not topic.get("error_code") and topic["partitions"]
-               and all(partition["leader"] >= 0 and not partition.get("error_code") for partition in topic["partitions"])
-               for topic in described)
