@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
                                warmup_s=args.warmup,
                                backlog_rate=args.backlog_rate, ttl_s=args.ttl, systems=tuple(args.systems),
                                width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout)
+    # SIGTERM unwinds like Ctrl-C, so the broker and the systems' processes are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     report = run_join_bench(options, command_line(options), notify=lambda message: print(f"streamapp: {message}", file=sys.stderr))
     print(markdown(report))
     failed = [system for system in report["systems"].values() if system.get("error")]

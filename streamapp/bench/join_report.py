@@ -41,6 +41,7 @@ def backlog_summary(raw: dict, joins: bool) -> dict:
         "cpu_s_per_1k_pairs": round(1000 * raw["cpu_s"] / raw["pairs_out"], 3) if raw["pairs_out"] else None,
         "joined": raw["joined"] if joins else None,
         "joined_fraction": round(raw["joined"] / pairs, 5) if joins else None,
+        "frames_out_twice": raw["frames_out_twice"] if joins else None,
         "unmatched": raw["counters"].get("join_unmatched_frames_total"),
         "orphan_results": raw["counters"].get("join_orphan_results_total"),
         "peak_pending_bytes": max(pending) if pending else None,
@@ -108,11 +109,6 @@ def max_sustained(steps: list[dict]) -> dict:
     return {"rate": best, "limited_by": "rates"}
 
 
-def should_continue(step: dict) -> bool:
-    """Higher rates are tried only while the system and the load keep up."""
-    return step["offered"] and step["sustained"]
-
-
 # --------------------------------------------------------------------------------------------
 # the whole report
 
@@ -172,8 +168,8 @@ def markdown(report: dict) -> str:
         "",
         "## Backlog drain",
         "",
-        "| system | pairs/s | CPU s / 1,000 pairs | joined | unmatched | peak pending | peak RSS | start s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| system | pairs/s | CPU s / 1,000 pairs | joined | unmatched | frames out twice | peak pending | peak RSS | start s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, system in report["systems"].items():
         lines.append(_backlog_row(system))
@@ -184,7 +180,7 @@ def markdown(report: dict) -> str:
     for system in report["systems"].values():
         lines.append(_live_row(system, options["rates"]))
     lines += ["", "Each rate cell: p50 / p99 latency in ms (result published → output read), joined %, "
-              "lag growth in pairs/s; ✗ marks a step not sustained (< 99.9 % joined, or lag growing "
+              "lag growth in pairs/s (lag: pairs published and not yet out); ✗ marks a step not sustained (< 99.9 % joined, or lag growing "
               f"more than {LAG_GROWTH_TOLERANCE:.0%} of the rate per second). Latencies skip the first "
               "tenth of each step.", "", "## Ratios", ""]
     for key, value in report["ratios"].items():
@@ -199,15 +195,16 @@ def markdown(report: dict) -> str:
 def _backlog_row(system: dict) -> str:
     backlog = system.get("backlog")
     if not backlog:
-        return f"| {system['label']} | – | – | – | – | – | – | – |"
+        return f"| {system['label']} | – | – | – | – | – | – | – | – |"
     joined = "–" if backlog["joined_fraction"] is None else f"{100 * backlog['joined_fraction']:.2f} %"
     unmatched = "–" if backlog["unmatched"] is None else f"{backlog['unmatched']:,}"
+    twice = "–" if backlog["frames_out_twice"] is None else f"{backlog['frames_out_twice']:,}"
     pending = "–" if backlog["peak_pending_bytes"] is None else f"{backlog['peak_pending_bytes'] / MIB:.0f} MiB"
     rate = f"{backlog['pairs_per_s']:,.0f}" if backlog["pairs_per_s"] else "–"
     if not backlog["complete"]:
         rate += f" ({backlog['pairs_out']:,} out)"
     cpu = f"{backlog['cpu_s_per_1k_pairs']:.2f}" if backlog["cpu_s_per_1k_pairs"] is not None else "–"
-    return (f"| {system['label']} | {rate} | {cpu} | {joined} | {unmatched} | {pending} | "
+    return (f"| {system['label']} | {rate} | {cpu} | {joined} | {unmatched} | {twice} | {pending} | "
             f"{backlog['peak_rss_bytes'] / MIB:.0f} MiB | {backlog['startup_s']:.1f} |")
 
 

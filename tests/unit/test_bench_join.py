@@ -69,14 +69,14 @@ def raw_backlog(**changes):
     samples = [{"t": t, "rss_bytes": 100 + t, "cpu_s": t, "pending_bytes": None if t == 0 else 10 * t,
                 "published": 2000, "out": 0} for t in range(5)]
     return {"pairs": 2000, "published_s": 3.0, "startup_s": 2.0, "drain_s": 4.0, "cpu_s": 3.0,
-            "pairs_out": 2000, "joined": 1990, "counters": {"join_unmatched_frames_total": 10}, "samples": samples,
+            "pairs_out": 2000, "joined": 1990, "frames_out_twice": 0, "counters": {"join_unmatched_frames_total": 10}, "samples": samples,
             **changes}
 
 
 def test_backlog_summary():
     summary = backlog_summary(raw_backlog(), joins=True)
     assert summary["pairs_per_s"] == 500.0 and summary["cpu_s_per_1k_pairs"] == 1.5
-    assert summary["joined_fraction"] == 0.995 and summary["unmatched"] == 10
+    assert summary["joined_fraction"] == 0.995 and summary["unmatched"] == 10 and summary["frames_out_twice"] == 0
     assert summary["peak_pending_bytes"] == 40 and summary["peak_rss_bytes"] == 104 and summary["complete"]
     copy = backlog_summary(raw_backlog(counters={}, pairs_out=1500), joins=False)
     assert copy["joined_fraction"] is None and copy["unmatched"] is None and not copy["complete"]
@@ -131,5 +131,7 @@ def test_a_pair_is_out_once_its_frame_and_its_result_are():
     outputs.pair_out(7, True, 100.25)          # the copy's result record, or a joined record
     assert outputs.pairs == 0 and outputs.latencies == {7: 0.25}
     outputs.frames += 1
-    assert outputs.pairs == 1
+    assert outputs.pairs == 1 and outputs.frames_out_twice == 0
+    outputs.frames += 1                        # the same frame again, unmatched this time
+    assert outputs.pairs == 1 and outputs.frames_out_twice == 1
     assert index_of_join_key(b"bench:1796:12345") == 12345
