@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -458,16 +459,23 @@ class Bench:
 
     async def step(self, load: PairLoad, outputs: Outputs, sampler: Sampler, rate: float) -> dict:
         start, count = load.next_index, max(1, round(rate * self.options.live_seconds))
-        began = sampler.now()
+        began, cpu_before = sampler.now(), self.cpu_seconds(sampler.running)
         publish_s = await load.publish(count, rate)
-        ended = sampler.now()
+        ended, cpu_after = sampler.now(), self.cpu_seconds(sampler.running)
         drained = await wait_drained(outputs, load.next_index, self.quiet_s, self.options.drain_timeout_s)
         indexes = range(start, start + count)
         steady = range(start + int(count * WARMUP_FRACTION), start + count)
         return {"rate": rate, "pairs": count, "publish_s": publish_s, "lag": sampler.lag_between(began, ended),
                 "drained": drained, "pairs_out": sum(1 for index in indexes if index in outputs.outcomes),
                 "joined": sum(1 for index in indexes if outputs.outcomes.get(index)),
-                "latencies_s": [outputs.latencies[index] for index in steady if index in outputs.latencies]}
+                "latencies_s": [outputs.latencies[index] for index in steady if index in outputs.latencies],
+                "cpu_s": {role: cpu_after[role] - cpu_before[role] for role in cpu_after}}
+
+    @staticmethod
+    def cpu_seconds(running: Running) -> dict[str, float]:
+        """CPU used so far by the system and by this process (the load and the output reader):
+        on a small machine they share the cores."""
+        return {"system": cpu_seconds_of(running.pid), "load": cpu_seconds_of(os.getpid())}
 
     async def run_system(self, name: str) -> dict:
         system_type = SYSTEM_TYPES[name]

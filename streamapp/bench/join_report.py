@@ -81,6 +81,8 @@ def step_summary(raw: dict, joins: bool) -> dict:
         "out_fraction": round(raw["pairs_out"] / pairs, 5),
         "joined_fraction": round(raw["joined"] / pairs, 5) if joins else None,
         "latency_s": percentile_summary(raw["latencies_s"]),
+        "cores": {role: round(seconds / raw["publish_s"], 2) for role, seconds in raw["cpu_s"].items()}
+        if raw["publish_s"] > 0 else None,
     }
     step["offered"] = offered >= OFFERED_FRACTION * rate
     step["sustained"] = is_sustained(step)
@@ -182,7 +184,7 @@ def markdown(report: dict) -> str:
     lines += ["", "Each rate cell: p50 / p99 latency in ms (result published → output read), joined %, "
               "lag growth in pairs/s (lag: pairs published and not yet out); ✗ marks a step not sustained (< 99.9 % joined, or lag growing "
               f"more than {LAG_GROWTH_TOLERANCE:.0%} of the rate per second). Latencies skip the first "
-              "tenth of each step.", "", "## Ratios", ""]
+              "tenth of each step.", "", _cores_note(report), "", "## Ratios", ""]
     for key, value in report["ratios"].items():
         lines.append(f"- {key.replace('_', ' ')}: {value if value is not None else 'n/a'}")
     errors = [f"- {system['label']}: {system['error']}" for system in report["systems"].values()
@@ -190,6 +192,18 @@ def markdown(report: dict) -> str:
     if errors:
         lines += ["", "## Did not run", "", *errors]
     return "\n".join(lines) + "\n"
+
+
+def _cores_note(report: dict) -> str:
+    """How many cores each system and the load (publisher and output reader) used at their top step."""
+    parts = []
+    for system in report["systems"].values():
+        steps = [step for step in (system.get("live") or {}).get("steps", []) if step.get("cores")]
+        if steps:
+            top = steps[-1]
+            parts.append(f"{system['label']} at {top['rate']:g}/s: {top['cores']['system']:.2f} cores, "
+                         f"the load {top['cores']['load']:.2f}")
+    return ("Cores used during each system's highest step (the load: publisher and output reader in one process): " + "; ".join(parts) + ".") if parts else ""
 
 
 def _backlog_row(system: dict) -> str:

@@ -34,7 +34,8 @@ def lag_points(growth_per_s: float, seconds: int = 9) -> list[tuple[float, float
 
 def raw_step(rate=300.0, pairs=3000, publish_s=10.0, growth=0.0, joined=3000, out=3000):
     return {"rate": rate, "pairs": pairs, "publish_s": publish_s, "lag": lag_points(growth), "drained": True,
-            "pairs_out": out, "joined": joined, "latencies_s": [0.01 * (i % 10 + 1) for i in range(pairs)]}
+            "pairs_out": out, "joined": joined, "latencies_s": [0.01 * (i % 10 + 1) for i in range(pairs)],
+            "cpu_s": {"system": publish_s / 2, "load": publish_s / 4}}
 
 
 def test_lag_slope_is_the_growth_per_second_despite_jitter():
@@ -53,6 +54,7 @@ def test_a_step_is_sustained_only_when_joined_offered_and_lag_flat():
     copied = step_summary(raw_step(joined=0), joins=False)                   # a copy joins nothing
     assert copied["joined_fraction"] is None and copied["sustained"]
     assert step_summary(raw_step(), joins=True)["latency_s"]["p99"] == pytest.approx(0.1)
+    assert step_summary(raw_step(), joins=True)["cores"] == {"system": 0.5, "load": 0.25}
 
 
 def test_max_sustained_rate_is_the_top_of_the_sustained_run_and_says_what_ended_it():
@@ -111,6 +113,7 @@ def test_report_markdown_describes_the_machine_and_every_system():
     assert "| Kafka Streams | 250 | 1.50 | 99.50 % |" in text
     assert "| Kafka Streams | 150 | " in text and "✗" in text  # 300/s: lag grew
     assert "streamapp join worker: TimeoutError" in text
+    assert "Kafka Streams at 300/s: 0.50 cores, the load 0.25" in text
 
 
 def test_chart_is_one_png_with_both_panels(tmp_path):
