@@ -349,7 +349,10 @@ async def observing(settings: Settings, system: System, topics: Topics, running:
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [outcome for outcome in ended if isinstance(outcome, Exception)]
+    if failed:
+        raise failed[0]  # a dead reader or sampler would leave the numbers short without saying why
 
 
 async def wait_ready(running: Running, label: str) -> None:
