@@ -46,7 +46,6 @@ from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.workers import Process, Worker, wait_until
 
 SYSTEMS = ("copy", "kstreams", "streamapp")
-STREAM = "bench"
 SAMPLE_INTERVAL_S = 0.5
 READY_TIMEOUT_S = 120.0
 # After the TTL the join emits what it could not match; past that, silence means it is done.
@@ -65,11 +64,25 @@ class JoinBenchOptions:
     warmup_s: float = 5.0
     backlog_rate: float = 150.0
     ttl_s: float = 5.0
+    streams: int = 1                  # cameras sharing the rate, each at rate / streams
     systems: tuple[str, ...] = SYSTEMS
     width: int = 640
     height: int = 480
     out: Path = Path("out/bench-join")
     drain_timeout_s: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cameras:
+    """Pair ``i`` is frame ``i // count`` of camera ``cam<i % count>``: the cameras share the rate."""
+
+    count: int
+
+    def frame_id(self, epoch: int, pair: int) -> wire.FrameId:
+        return wire.FrameId(f"cam{pair % self.count}", epoch, pair // self.count)
+
+    def pair_of(self, stream: str, index: int) -> int:
+        return index * self.count + int(stream.removeprefix("cam"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +101,15 @@ class Topics:
 class Outputs:
     """A system's output as its reader here sees it, by pair index."""
 
+    cameras: Cameras
     result_sent_at: dict[int, float]            # the load's: wall time each result went out
     frames: int = 0                             # frame records out (joined, unmatched or copied)
     outcomes: dict[int, bool] = dataclasses.field(default_factory=dict)   # index -> joined
     latencies: dict[int, float] = dataclasses.field(default_factory=dict)
     last_at: float | None = None                # monotonic time of the latest output
 
-    def pair_out(self, index: int, joined: bool, now: float) -> None:
+    def pair_out(self, stream: str, frame_index: int, joined: bool, now: float) -> None:
+        index = self.cameras.pair_of(stream, frame_index)
         self.outcomes[index] = joined
         sent = self.result_sent_at.get(index)
         if joined and sent is not None:
@@ -111,8 +126,10 @@ class Outputs:
         return self.frames - len(self.outcomes)
 
 
-def index_of_join_key(key: bytes) -> int:
-    return int(key.rsplit(b":", 1)[1])
+def parse_join_key(key: bytes) -> tuple[str, int]:
+    """``stream:epoch:index`` -> (stream, index)."""
+    stream, _, index = key.decode().split(":")
+    return stream, int(index)
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,7 +162,7 @@ class System:
 
     def tally(self, outputs: Outputs, record, now: float) -> None:
         outputs.frames += 1
-        outputs.pair_out(index_of_join_key(record.key), True, now)
+        outputs.pair_out(*parse_join_key(record.key), True, now)
 
 
 class Running:
@@ -182,7 +199,7 @@ class PlainCopy(System):
         if wire.peek_kind(record.value) == wire.Kind.FRAME:
             outputs.frames += 1
         else:
-            outputs.pair_out(index_of_join_key(record.key), True, now)
+            outputs.pair_out(*parse_join_key(record.key), True, now)
 
 
 class KafkaStreamsJoin(System):
@@ -233,7 +250,7 @@ class StreamappJoin(System):
     def tally(self, outputs: Outputs, record, now: float) -> None:
         joined = wire.decode_joined(record.value)
         outputs.frames += 1
-        outputs.pair_out(joined.frame.id.index, joined.matched, now)
+        outputs.pair_out(joined.frame.id.stream, joined.frame.id.index, joined.matched, now)
 
 
 def _stats(worker: Worker) -> dict:
@@ -263,6 +280,7 @@ class PairLoad:
         self.size = (options.width, options.height)
         self.jpegs = encoded_frames(*self.size)
         self.epoch = new_epoch()
+        self.cameras = Cameras(options.streams)
         self.result_sent_at: dict[int, float] = {}
         self.published = 0      # pairs whose result is out
         self.next_index = 0
@@ -275,7 +293,7 @@ class PairLoad:
         start, started = self.next_index, time.monotonic()
         captured: dict[int, int] = {}
         for kind, index in publish_order(start, count):
-            frame_id = wire.FrameId(STREAM, self.epoch, index)
+            frame_id = self.cameras.frame_id(self.epoch, index)
             if kind == FRAME:
                 await pace(rate, index - start, started)
                 stamp = captured[index] = capture_ms(index) if capture_ms else int(time.time() * 1000)
@@ -340,7 +358,7 @@ class Sampler:
 @contextlib.asynccontextmanager
 async def observing(settings: Settings, system: System, topics: Topics, running: Running, load: PairLoad):
     """The output reader and the sampler run for as long as the block does."""
-    outputs = Outputs(load.result_sent_at)
+    outputs = Outputs(load.cameras, load.result_sent_at)
     sampler = Sampler(running, load, outputs)
     tasks = [asyncio.create_task(read_outputs(settings, system, topics.output, outputs)),
              asyncio.create_task(sampler.run())]

@@ -32,6 +32,8 @@ def configure(join: argparse.ArgumentParser) -> None:
                            "second (default 150)")
     join.add_argument("--ttl", type=seconds_arg, default=5.0,
                       help="join window of Kafka Streams and STREAMAPP_JOIN_TTL of the worker (default 5)")
+    join.add_argument("--streams", type=count_arg, default=1,
+                      help="cameras sharing each rate, e.g. 10 for 150 pairs/s as 10 cameras at 15 fps (default 1)")
     join.add_argument("--size", type=resolution_arg, default=(640, 480), help="frame size WIDTHxHEIGHT (default 640x480)")
     join.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                       help="which systems to run, in this order (default: all three)")
@@ -48,7 +50,7 @@ def command_line(options) -> str:
         "--rates", ",".join(f"{rate:g}" for rate in options.rates), "--live-seconds", f"{options.live_seconds:g}",
         "--warmup", f"{options.warmup_s:g}",
         "--backlog-rate", f"{options.backlog_rate:g}", "--ttl", f"{options.ttl_s:g}",
-        "--size", f"{options.width}x{options.height}", "--systems", *options.systems, "--out", str(options.out)])
+        "--streams", str(options.streams), "--size", f"{options.width}x{options.height}", "--systems", *options.systems, "--out", str(options.out)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     width, height = args.size
     options = JoinBenchOptions(pairs=args.pairs, rates=args.rates, live_seconds=args.live_seconds,
                                warmup_s=args.warmup,
-                               backlog_rate=args.backlog_rate, ttl_s=args.ttl, systems=tuple(args.systems),
+                               backlog_rate=args.backlog_rate, ttl_s=args.ttl, streams=args.streams,
+                               systems=tuple(args.systems),
                                width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout)
     # SIGTERM unwinds like Ctrl-C, so the broker and the systems' processes are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

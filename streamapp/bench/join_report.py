@@ -160,7 +160,8 @@ def markdown(report: dict) -> str:
         f"{versions['java']} (one stream thread, {versions['kstreams_jvm']}); faust-streaming "
         f"{versions['faust']}, aiokafka {versions['aiokafka']}, Python {versions['python']}.",
         "",
-        f"Input: frame/result pairs, {options['width']}×{options['height']} JPEG frames "
+        f"Input: frame/result pairs from {options['streams']} camera(s) sharing the rate, "
+        f"{options['width']}×{options['height']} JPEG frames "
         f"(~{options['frame_record_bytes'] / 1000:.0f} KB records), each result published "
         f"{options['result_lag']} frames after its frame with its frame's timestamp; join window/TTL "
         f"{options['ttl_s']:g} s. Backlog: {options['pairs']:,} pairs preloaded, event time spaced as if "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import cv2
 import pytest
 
-from streamapp.bench.join import Outputs, index_of_join_key
+from streamapp.bench.join import Cameras, Outputs, parse_join_key
 from streamapp.bench.join_report import (backlog_summary, build_report, describe_machine, draw_chart, lag_slope,
                                          markdown, max_sustained, step_summary)
 from streamapp.bench.pairs import FRAME, RESULT, publish_order
@@ -21,6 +21,7 @@ from streamapp.cli import main
     (["--pairs", "0"], "expected at least 1"),
     (["--backlog-rate", "0"], "expected a steady rate above 0"),
     (["--systems", "flink"], "invalid choice: 'flink'"),
+    (["--streams", "0"], "expected at least 1"),
 ])
 def test_bad_arguments_are_one_usage_error_before_a_broker_starts(capsys, argv, reason):
     assert main(["bench", "join", *argv]) == 2
@@ -97,7 +98,7 @@ def sample_report() -> dict:
                       "error": "TimeoutError: timed out waiting for the worker"},
     }
     options = {"command": "streamapp bench join --pairs 2000", "partitions": 4, "width": 640, "height": 480,
-               "frame_record_bytes": 49_000, "result_lag": 3, "ttl_s": 5.0, "pairs": 2000, "backlog_rate": 150.0,
+               "frame_record_bytes": 49_000, "streams": 1, "result_lag": 3, "ttl_s": 5.0, "pairs": 2000, "backlog_rate": 150.0,
                "live_seconds": 10.0, "rates": [150.0, 300.0], "warmup_s": 5.0}
     versions = {"kafka_broker": "4.1.1", "kafka_streams": "4.4.0", "java": "openjdk 17", "kstreams_jvm": "-Xmx1g",
                 "faust": "0.15.3", "aiokafka": "0.14.0", "python": "3.11.7"}
@@ -129,12 +130,18 @@ def test_publish_order_puts_each_result_a_few_frames_after_its_frame():
     assert order.index((RESULT, 10)) == order.index((FRAME, 13)) + 1
 
 
+def test_cameras_share_the_pairs_round_robin():
+    cameras = Cameras(10)
+    frame_id = cameras.frame_id(1796, 123)
+    assert (frame_id.stream, frame_id.index) == ("cam3", 12)
+    assert cameras.pair_of(*parse_join_key(frame_id.join_key())) == 123
+
+
 def test_a_pair_is_out_once_its_frame_and_its_result_are():
-    outputs = Outputs(result_sent_at={7: 100.0})
-    outputs.pair_out(7, True, 100.25)          # the copy's result record, or a joined record
+    outputs = Outputs(Cameras(1), result_sent_at={7: 100.0})
+    outputs.pair_out("cam0", 7, True, 100.25)  # the copy's result record, or a joined record
     assert outputs.pairs == 0 and outputs.latencies == {7: 0.25}
     outputs.frames += 1
     assert outputs.pairs == 1 and outputs.frames_out_twice == 0
     outputs.frames += 1                        # the same frame again, unmatched this time
     assert outputs.pairs == 1 and outputs.frames_out_twice == 1
-    assert index_of_join_key(b"bench:1796:12345") == 12345
