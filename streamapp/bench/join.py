@@ -37,6 +37,7 @@ from aiokafka import AIOKafkaConsumer
 from streamapp import wire
 from streamapp.agents.source import new_epoch
 from streamapp.bench import copy, join_report, kstreams
+from streamapp.bench.join_command import DEFAULT_RATES, SYSTEMS
 from streamapp.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
                                    load_producer, pace, publish_order)
 from streamapp.bench.sampler import cpu_seconds_of, rss_of
@@ -45,7 +46,6 @@ from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.workers import Process, Worker, wait_until
 
-SYSTEMS = ("copy", "kstreams", "streamapp")
 SAMPLE_INTERVAL_S = 0.5
 READY_TIMEOUT_S = 120.0
 # After the TTL the join emits what it could not match; past that, silence means it is done.
@@ -57,7 +57,7 @@ WARMUP_FRACTION = 0.1
 @dataclasses.dataclass(frozen=True)
 class JoinBenchOptions:
     pairs: int = 20_000
-    rates: tuple[float, ...] = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0)
+    rates: tuple[float, ...] = DEFAULT_RATES
     live_seconds: float = 10.0
     # Before the first step, this long at the first rate: JIT compilation, caches and connections
     # settle in every system, so the lowest rate measures the steady state.

@@ -12,6 +12,7 @@ from streamapp.arguments import count_arg, rates_arg, resolution_arg, seconds_ar
 
 HELP = "the join side by side with Kafka Streams and a plain copy, on one broker and the same bytes"
 SYSTEMS = ("copy", "kstreams", "streamapp")
+DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0)
 
 
 def configure(join: argparse.ArgumentParser) -> None:
@@ -21,7 +22,7 @@ def configure(join: argparse.ArgumentParser) -> None:
         "first use) and this project's join worker. Each drains a preloaded backlog, then takes paced "
         "live input at rising rates. Writes report.json, report.md and join.png under --out.")
     join.add_argument("--pairs", type=count_arg, default=20_000, help="frame/result pairs in the backlog (default 20000)")
-    join.add_argument("--rates", type=rates_arg, default=(150.0, 300.0, 450.0, 600.0, 900.0, 1200.0),
+    join.add_argument("--rates", type=rates_arg, default=DEFAULT_RATES,
                       help="rising live rates in pairs per second, comma-separated; a system stops at its first "
                            "rate not sustained (default 150,300,450,600,900,1200)")
     join.add_argument("--live-seconds", type=seconds_arg, default=10.0, help="seconds at each live rate (default 10)")
