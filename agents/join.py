@@ -30,10 +30,13 @@ from streamapp import wire
 from streamapp.metrics import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
-from streamapp.tables.store import stream_of
+from streamapp.tables.store import run_of
 from streamapp.wire import Detections, Frame, Joined
 
 log = logging.getLogger(__name__)
+
+# Records the agent decides at once at most; bytes per batch are the memory plan's (Stage.batch_bytes).
+MAX_BATCH_EVENTS = 1000
 
 
 class JoinState(Protocol):
@@ -141,9 +144,24 @@ def event_time_ms(message) -> int:
     return round(message.timestamp * 1000)
 
 
+def end_offset(consumer, tp: TP) -> Optional[int]:
+    """The partition's end offset as of the consumer's latest fetch; None when unknown (not
+    fetched yet, or no longer assigned)."""
+    try:
+        return consumer.highwater(tp)
+    except Exception:  # noqa: BLE001 - aiokafka asserts the partition is assigned
+        return None
+
+
 class InStep:
     """Pauses the input partition that has read more than a TTL ahead of its partner in event
-    time, and resumes it once the partner catches up (or is caught up)."""
+    time while the partner has a backlog, and resumes it once the partner catches up.
+
+    It pauses the way Faust does for a full stream buffer (``on_buffer_full``): records of the
+    partition already fetched are still handed to the stream, only further fetches wait. Faust's
+    ``pause_partitions`` would make the consumer skip records fetched but not yet handed over,
+    and they would never come back.
+    """
 
     def __init__(self, consumer, progress: ReadProgress, lead_ms: int) -> None:
         self.consumer, self.progress, self.lead_ms = consumer, progress, lead_ms
@@ -153,16 +171,15 @@ class InStep:
     def adjust(self, partitions: Iterable[int]) -> None:
         wanted = {TP(self.progress.names[side], number) for number in partitions
                   if (side := self.progress.ahead(number, self.lead_ms)) is not None}
-        if self.paused - wanted:
-            self.consumer.resume_partitions(self.paused - wanted)
-        if wanted:
-            # Again each time: Faust's flow control may have resumed it in between.
-            self.consumer.pause_partitions(wanted)
+        for tp in self.paused - wanted:
+            self.consumer.on_buffer_drop(tp)
+        for tp in wanted:  # again each time: a drained stream buffer resumes it in between
+            self.consumer.on_buffer_full(tp)
         self.pauses += len(wanted - self.paused)
         self.paused = wanted
 
     def as_metrics(self) -> dict[str, float]:
-        return {"join_inputs_paused_ahead": len(self.paused), "join_input_pauses_ahead_total": self.pauses}
+        return {"join_input_partitions_paused": len(self.paused), "join_input_pauses_total": self.pauses}
 
 
 def register(stage) -> None:
@@ -190,9 +207,10 @@ def register(stage) -> None:
     start_offsets: dict[tuple[str, int], Optional[int]] = {}
     progress = ReadProgress(
         frames_topic, results_topic,
-        end_offset=lambda topic, number: app.consumer.highwater(TP(topic, number)),
+        end_offset=lambda topic, number: end_offset(app.consumer, TP(topic, number)),
         start_offset=lambda topic, number: start_offsets.get((topic, number)),
         generation=lambda: app.consumer_generation_id,
+        clock=now_ms,
     )
     in_step = InStep(app.consumer, progress, joiner.ttl_ms)
     stage.metrics.add_gauges(joiner.counts.as_metrics)
@@ -233,7 +251,7 @@ def register(stage) -> None:
                 continue
             message = event.message
             event_ms = event_time_ms(message)
-            progress.observe(message.topic, message.partition, stream_of(record.id.join_key()), event_ms,
+            progress.observe(message.topic, message.partition, run_of(record.id.join_key()), event_ms,
                              message.offset)
             joined = joiner.arrive(transaction.partition(message.partition), record, event.value,
                                    event_ms=event_ms, now_ms=decided_at)
@@ -258,7 +276,10 @@ def register(stage) -> None:
         worker has read anything of it."""
         for tp in app.consumer.assignment():
             if tp.topic in (frames_topic, results_topic):
-                start_offsets[(tp.topic, tp.partition)] = await app.consumer.position(tp)
+                try:
+                    start_offsets[(tp.topic, tp.partition)] = await app.consumer.position(tp)
+                except Exception as exc:  # noqa: BLE001 - revoked meanwhile; the next sweep asks again
+                    log.debug("no position for %s: %r", tp, exc)
 
     @app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():
@@ -270,7 +291,3 @@ def register(stage) -> None:
         async with window.lock:
             await expire_and_step()
             await disk.tend(window, on_due)
-
-
-# Records per batch at most; bytes per batch are the memory plan's (Stage.batch_bytes).
-MAX_BATCH_EVENTS = 1000

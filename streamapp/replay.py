@@ -27,6 +27,7 @@ from streamapp.agents.join import Joiner
 from streamapp.recording import Record, Recording
 from streamapp.settings import Settings
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
+from streamapp.tables.store import run_of
 from streamapp.topics import max_record_bytes
 from streamapp.units import UnitError, parse_duration
 
@@ -359,7 +360,7 @@ class _PredictedWindow(dict):
         super().__init__()
         self.joiner, self.partitions = joiner, partitions
         self.partition_of: dict[bytes, int] = {}
-        self.read_past: dict[tuple[bytes, int, str], int] = {}  # (side waited for, partition, stream)
+        self.read_past: dict[tuple[bytes, int, bytes], int] = {}  # (side, partition, camera run)
         self.unmatched: set[wire.FrameId] = set()
 
     def put(self, key: bytes, entry: Entry) -> None:
@@ -368,7 +369,7 @@ class _PredictedWindow(dict):
     def arrive(self, record: Record, decoded, now: int):
         partition = (murmur2(record.key or b"") & 0x7FFFFFFF) % self.partitions
         side = EntryKind.FRAME if isinstance(decoded, wire.Frame) else EntryKind.RESULT
-        read = (side, partition, decoded.id.stream)
+        read = (side, partition, run_of(decoded.id.join_key()))
         self.read_past[read] = max(self.read_past.get(read, record.event_time_ms), record.event_time_ms)
         self.partition_of[decoded.id.join_key()] = partition
         return self.joiner.arrive(self, decoded, record.value, event_ms=record.event_time_ms, now_ms=now)
@@ -388,8 +389,7 @@ class _PredictedWindow(dict):
         if entry.deadline_ms <= now:
             return entry.deadline_ms
         if entry.is_pending:
-            stream = key.split(b":", 1)[0].decode()
-            progress = self.read_past.get((OTHER_SIDE[entry.kind], self.partition_of[key], stream))
+            progress = self.read_past.get((OTHER_SIDE[entry.kind], self.partition_of[key], run_of(key)))
             if progress is not None and entry.event_ms + self.joiner.ttl_ms < progress:
                 return now
         return None
@@ -400,12 +400,14 @@ class _PredictedWindow(dict):
 
 @dataclasses.dataclass(frozen=True)
 class Sent:
-    """A record as published, with where it went and the timestamp Kafka gave it."""
+    """A record as published: where it went, its Kafka timestamp (its event time, moved to the
+    replay), and when it was handed to the producer (ms since the Unix epoch)."""
 
     record: Record
     topic: str
     partition: int
     timestamp_ms: int
+    sent_ms: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -442,13 +444,14 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
             topic = target.rename.get(record.topic, record.topic)
             partition = await counts.partition(record, topic)
             await pace.wait(record.timestamp_ms)
+            sent_ms = int(time.time() * 1000)
             if shift is None:
-                shift = int(time.time() * 1000) - record.event_time_ms
+                shift = sent_ms - record.event_time_ms
             future = await producer.send(topic, record.value, key=record.key, partition=partition,
                                          headers=list(record.headers),
                                          timestamp_ms=max(0, record.event_time_ms + shift))
             if on_sent is not None:
-                future.add_done_callback(_reporter(record, on_sent))
+                future.add_done_callback(_reporter(record, sent_ms, on_sent))
             sent += 1
         await producer.flush()
         return sent
@@ -456,11 +459,11 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
         await producer.stop()
 
 
-def _reporter(record: Record, on_sent: Callable[[Sent], None]):
+def _reporter(record: Record, sent_ms: int, on_sent: Callable[[Sent], None]):
     def report(future) -> None:
         if not future.cancelled() and future.exception() is None:
             metadata = future.result()
-            on_sent(Sent(record, metadata.topic, metadata.partition, metadata.timestamp))
+            on_sent(Sent(record, metadata.topic, metadata.partition, metadata.timestamp, sent_ms))
     return report
 
 

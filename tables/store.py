@@ -9,8 +9,9 @@ Each partition is one RocksDB database with two column families:
   - ``W | kind | deadline_ms | join key`` -> ``kind | value length``: every entry by its
     worker-clock deadline, one range per kind (markers always expire by it; a pending side only
     while the other side is caught up);
-  - ``E | kind | stream length | stream | event_ms | join key`` -> empty: pending sides by their
-    event time, one range per kind and camera stream, since cameras' clocks need not agree.
+  - ``E | kind | run length | run | event_ms | join key`` -> empty: pending sides by their event
+    time, one range per kind and camera run (``stream:epoch``), since cameras' clocks need not
+    agree, and a restarted camera's clock need not continue where it was.
 
 Every write path keeps the families in step in one atomic write batch: agent writes (``_set``/
 ``_del``), changelog recovery and standby replay (``apply_changelog_batch``), and the join's own
@@ -44,13 +45,13 @@ _INDEX_VALUE = struct.Struct(">cI")
 _LAST_TIME = b"\xff" * _TIME.size
 
 
-def stream_of(key: bytes) -> bytes:
-    """The camera stream of a join key (``stream:epoch:index``)."""
-    return key.split(b":", 1)[0]
+def run_of(key: bytes) -> bytes:
+    """The camera run (``stream:epoch``) of a join key (``stream:epoch:index``): one clock."""
+    return key.rpartition(b":")[0]
 
 
-def _event_prefix(kind: bytes, stream: bytes) -> bytes:
-    return _BY_EVENT + kind + bytes((len(stream),)) + stream
+def _event_prefix(kind: bytes, run: bytes) -> bytes:
+    return _BY_EVENT + kind + bytes((len(run),)) + run
 
 
 @dataclasses.dataclass
@@ -123,8 +124,8 @@ class JoinPartition:
     def due_by_event(self, kind: bytes, read_past: Callable[[bytes], Optional[int]], ttl_ms: int,
                      limit: int) -> list[tuple[bytes, bytes]]:
         """Up to ``limit`` pending entries of ``kind`` whose partner can no longer arrive: the
-        other side of their stream has been read past their event time + TTL (``read_past``
-        gives that side's latest event time per stream, None if it has read nothing of it)."""
+        other side has read their camera run past their event time + TTL (``read_past`` gives
+        that side's latest event time per run, None if it has read nothing of it)."""
         found: list[tuple[bytes, bytes]] = []
         head = _BY_EVENT + kind
         cursor = self._index.iter()
@@ -134,15 +135,15 @@ class JoinPartition:
             if not index_key.startswith(head):
                 break
             length = index_key[len(head)]
-            stream = bytes(index_key[len(head) + 1:len(head) + 1 + length])
+            run = bytes(index_key[len(head) + 1:len(head) + 1 + length])
             prefix = len(head) + 1 + length
             (event_ms,) = _TIME.unpack_from(index_key, prefix)
-            progress = read_past(stream)
+            progress = read_past(run)
             if progress is not None and event_ms + ttl_ms < progress:
                 self._found(found, bytes(index_key[prefix + _TIME.size:]))
                 cursor.next()
-            else:  # this stream's later entries are later still: on to the next stream
-                cursor.seek(_event_prefix(kind, stream) + _LAST_TIME)
+            else:  # this run's later entries are later still: on to the next run
+                cursor.seek(_event_prefix(kind, run) + _LAST_TIME)
         return found
 
     def by_deadline(self) -> Iterator[tuple[int, int]]:
@@ -184,7 +185,7 @@ class JoinPartition:
             old_kind, old_deadline, old_event, old_length = old
             batch.delete(_BY_DEADLINE + old_kind + _TIME.pack(old_deadline) + key, self._index_handle)
             if old_kind in EntryKind.PENDING:
-                batch.delete(_event_prefix(old_kind, stream_of(key)) + _TIME.pack(old_event) + key,
+                batch.delete(_event_prefix(old_kind, run_of(key)) + _TIME.pack(old_event) + key,
                              self._index_handle)
             self.stats.add(old_kind, old_length, -1)
         if new is None:
@@ -195,7 +196,7 @@ class JoinPartition:
         batch.put(_BY_DEADLINE + kind + _TIME.pack(deadline) + key, _INDEX_VALUE.pack(kind, len(new)),
                   self._index_handle)
         if kind in EntryKind.PENDING:
-            batch.put(_event_prefix(kind, stream_of(key)) + _TIME.pack(event_ms) + key, b"", self._index_handle)
+            batch.put(_event_prefix(kind, run_of(key)) + _TIME.pack(event_ms) + key, b"", self._index_handle)
         self.stats.add(kind, len(new), +1)
 
     def _count(self) -> PartitionStats:

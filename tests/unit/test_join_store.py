@@ -45,14 +45,15 @@ def test_due_by_deadline_returns_due_entries_of_the_kinds_asked_in_deadline_orde
     assert keys(partition.due_by_deadline([EntryKind.RESULT, EntryKind.JOINED], now_ms=250, limit=10)) == [b"cam:1:4"]
 
 
-def test_due_by_event_follows_each_streams_own_progress(open_partition):
-    """Two cameras a minute apart on one partition: each camera's entries leave by its own
-    partner's progress, never by the other camera's clock."""
+def test_due_by_event_follows_each_camera_runs_own_progress(open_partition):
+    """Two cameras a minute apart on one partition, and a restarted camera: each run's entries
+    leave by its own partner's progress, never by another clock."""
     partition = open_partition()
     for index in range(5):
         partition.write(f"fast:1:{index}".encode(), entry(10**9, event_ms=60_000 + index * 1_000))
         partition.write(f"slow:1:{index}".encode(), entry(10**9, event_ms=index * 1_000))
-    read_past = {b"fast": 60_000 + 2_000 + TTL_MS + 1, b"slow": 1_000 + TTL_MS + 1}.get
+        partition.write(f"slow:2:{index}".encode(), entry(10**9, event_ms=index * 1_000))
+    read_past = {b"fast:1": 60_000 + 2_000 + TTL_MS + 1, b"slow:1": 1_000 + TTL_MS + 1}.get
     due = keys(partition.due_by_event(EntryKind.FRAME, read_past, TTL_MS, limit=100))
     assert sorted(due) == [b"fast:1:0", b"fast:1:1", b"fast:1:2", b"slow:1:0", b"slow:1:1"]
     assert partition.due_by_event(EntryKind.RESULT, read_past, TTL_MS, limit=100) == []
