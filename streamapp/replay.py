@@ -447,11 +447,11 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
             sent_ms = int(time.time() * 1000)
             if shift is None:
                 shift = sent_ms - record.event_time_ms
+            timestamp_ms = max(0, record.event_time_ms + shift)
             future = await producer.send(topic, record.value, key=record.key, partition=partition,
-                                         headers=list(record.headers),
-                                         timestamp_ms=max(0, record.event_time_ms + shift))
+                                         headers=list(record.headers), timestamp_ms=timestamp_ms)
             if on_sent is not None:
-                future.add_done_callback(_reporter(record, sent_ms, on_sent))
+                future.add_done_callback(_reporter(record, timestamp_ms, sent_ms, on_sent))
             sent += 1
         await producer.flush()
         return sent
@@ -459,11 +459,12 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
         await producer.stop()
 
 
-def _reporter(record: Record, sent_ms: int, on_sent: Callable[[Sent], None]):
+def _reporter(record: Record, timestamp_ms: int, sent_ms: int, on_sent: Callable[[Sent], None]):
+    # The timestamp as sent: aiokafka reports the first record's for every record of a batch.
     def report(future) -> None:
         if not future.cancelled() and future.exception() is None:
             metadata = future.result()
-            on_sent(Sent(record, metadata.topic, metadata.partition, metadata.timestamp, sent_ms))
+            on_sent(Sent(record, metadata.topic, metadata.partition, timestamp_ms, sent_ms))
     return report
 
 

@@ -11,6 +11,7 @@ import asyncio
 import os
 import random
 import time
+import uuid
 
 import pytest
 
@@ -28,9 +29,9 @@ BACKLOG_PAIRS = 5_000
 
 
 @pytest.fixture
-def join_settings(kafka_bootstrap, unique_topic, tmp_path):
+def join_settings(kafka_bootstrap, tmp_path):
     def make(**overrides) -> Settings:
-        settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"{unique_topic}.{time.monotonic_ns()}.",
+        settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"tm-{uuid.uuid4().hex[:12]}.",
                             stages=("join",), data_dir=tmp_path / "join", web_port=free_port(),
                             memory_budget_bytes=512 * 1024**2).replace(**overrides)
         asyncio.run(ensure_topics(settings, with_changelog=True))
@@ -43,7 +44,9 @@ def workers(tmp_path):
     started = []
 
     def start(settings: Settings) -> Worker:
-        worker = Worker("join", settings, tmp_path / f"logs-{len(started)}")
+        log_dir = tmp_path / f"logs-{len(started)}"
+        log_dir.mkdir()
+        worker = Worker("join", settings, log_dir)
         started.append(worker)
         wait_until(worker.ready, 120, "the join worker to be ready")
         return worker
@@ -140,7 +143,9 @@ def test_results_around_the_deadline_leave_each_frame_exactly_once(join_settings
         schedule.append((sent_s + settings.join_ttl_s + jitter.uniform(-1.5, 1.5), "detections", key,
                          result_value, timestamp))
     asyncio.run(send_at(settings, schedule))
-    stats = drained(worker, RACE_FRAMES, timeout_s=60)
+    drained(worker, RACE_FRAMES, timeout_s=60)
+    stats = wait_until(lambda: (stats := worker.stats())["join_results_in_total"] >= RACE_FRAMES and stats, 30,
+                       "every result to reach the join")
     joined, unmatched = stats["join_joined_total"], stats["join_unmatched_frames_total"]
     assert joined + unmatched == RACE_FRAMES, stats
     assert joined + stats["join_late_results_total"] == RACE_FRAMES, stats
