@@ -275,5 +275,6 @@ def register(stage) -> None:
                 await stage.dead_letters.send(event, stage="infer", reason=f"{detector.name}: {exc!r}")
                 continue
             if await stage.dead_letters.emit(event, stage="infer", topic=topics.detections,
-                                             key=scaled.id.bucket_key(settings.bucket_size), value=value):
+                                             key=scaled.id.bucket_key(settings.bucket_size), value=value,
+                                             timestamp=event.message.timestamp):
                 stage.metrics.inc("infer_results_total")
