@@ -328,7 +328,8 @@ async def read_outputs(settings: Settings, system: System, topic: str, outputs: 
 
 
 class Sampler:
-    """Every half second: the system's RSS, CPU and pending state, and the pairs in and out."""
+    """Every half second: the system's RSS, CPU and pending state, and the pairs in and out
+    (kept in the report as each phase's timeline)."""
 
     def __init__(self, running: Running, load: PairLoad, outputs: Outputs) -> None:
         self.running = running
@@ -471,7 +472,8 @@ class Bench:
                     if not step["sustained"]:
                         break  # higher rates are tried only while the system and the load keep up
                 counters = await asyncio.to_thread(running.counters)
-        return {"steps": steps, "max_sustained": join_report.max_sustained(steps), "counters": counters}
+        return {"steps": steps, "max_sustained": join_report.max_sustained(steps), "counters": counters,
+                "samples": sampler.samples}
 
     async def warm_up(self, load: PairLoad, outputs: Outputs) -> None:
         rate = self.options.rates[0]

@@ -46,6 +46,7 @@ def backlog_summary(raw: dict, joins: bool) -> dict:
         "orphan_results": raw["counters"].get("join_orphan_results_total"),
         "peak_pending_bytes": max(pending) if pending else None,
         "peak_rss_bytes": max((sample["rss_bytes"] for sample in raw["samples"]), default=0),
+        "samples": raw["samples"],
     }
 
 
