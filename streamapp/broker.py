@@ -147,7 +147,7 @@ def ensure_jars(home: Path | str | None = None, *, notify: Notify | None = None)
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BrokerError(f"cannot create the Kafka jar cache {home}: {exc} (set STREAMAPP_KAFKA_HOME)") from None
-    with _file_lock(home / ".lock"):
+    with file_lock(home / ".lock"):
         if _jars_complete(libs, digest):
             return libs
         mvn = shutil.which("mvn")
@@ -190,7 +190,7 @@ def _jars_complete(libs: Path, digest: str) -> bool:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

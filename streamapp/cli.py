@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from streamapp import chaos, replay_commands
+from streamapp import assets, chaos, replay_commands
 from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.bench import soak_command
 from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, BrokerError,
@@ -34,7 +34,8 @@ class CommandError(RuntimeError):
     """A subcommand failed in an expected way; the message is shown as is."""
 
 
-EXPECTED_ERRORS: tuple[type[Exception], ...] = (CommandError, BrokerError, SettingsError, UnitError, TopicError)
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (CommandError, BrokerError, SettingsError, UnitError, TopicError,
+                                                assets.AssetError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +186,26 @@ def run_produce(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# streamapp model / streamapp samples: fetch pinned files once into the cache
+
+
+def fetch_command(name: str, files: Sequence[assets.Asset], what: str) -> Command:
+    """A command that fetches ``files`` (when missing or corrupt) and prints where they are."""
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.description = (f"Fetch {what} once into {assets.assets_home()} (set "
+                              f"STREAMAPP_ASSETS_HOME to move it), checked against pinned sha256 "
+                              f"sums, each with its origin and license in <file>.ORIGIN.txt.")
+
+    def run(args: argparse.Namespace) -> int:
+        for path in assets.ensure(files, notify=_note):
+            print(path)
+        return 0
+
+    return Command(name, f"fetch {what} (once) and print where they are", configure, run)
+
+
+# --------------------------------------------------------------------------------------------
 # streamapp demo
 
 
@@ -250,6 +271,8 @@ COMMANDS: list[Command] = [
     Command("topics", "create the pipeline's topics and check co-partitioning", configure_topics, run_topics),
     Command("produce", "publish a synthetic scene or a video file to the frames topic",
             configure_produce, run_produce),
+    fetch_command("model", assets.MODEL, "the YOLOv3-tiny model files (STREAMAPP_DETECTOR=yolo)"),
+    fetch_command("samples", assets.SAMPLES, "the sample videos (vtest.avi, bikes.mp4)"),
     Command("demo", "run the whole pipeline on a local broker and check the output", configure_demo, run_demo),
     Command("bench", "long-running measurements (chaos: crashes under load; soak: memory and disk)",
             configure_bench, run_bench),
