@@ -3,8 +3,9 @@
 A detector is any object with a ``name`` and ``detect(image, frame_id)`` returning box-likes
 (``label, score, x, y, w, h`` in the pixels of ``image``). ``frame_id`` lets a stateful detector
 keep one model per stream run; stateless ones ignore it. A detector that also has
-``detect_batch(images)`` gets several frames in one call when frames are waiting (YOLO runs them
-as one network pass). :func:`infer_frames` decodes the scaled frames, runs the detector and maps
+``detect_batch(images, aspect_ratios)`` (the original frames' width / height, which scaled
+images may not keep) gets several frames in one call when frames are waiting (YOLO runs them as
+one network pass). :func:`infer_frames` decodes the scaled frames, runs the detector and maps
 the boxes back to the original frames' pixels.
 """
 
@@ -177,12 +178,14 @@ class HogPeopleDetector:
 class YoloDetector:
     """YOLOv3-tiny (COCO, 80 classes) through OpenCV DNN, from the files ``streamapp model`` fetched.
 
-    The network takes a square input of ``input_size`` pixels; each frame is stretched to it, as
-    Darknet trained it, and the boxes are scaled back per axis. Non-maximum suppression runs per
+    The network takes a square input of ``input_size`` pixels. Each frame is letterboxed into it
+    at its original aspect ratio (the resize stage scales to an exact size, so a wide video
+    arrives squeezed; stretched people and bicycles are missed). Non-maximum suppression runs per
     class, so a person on a bicycle keeps both boxes.
     """
 
     name = "yolo"
+    PAD = 128  # the grey Darknet fills letterbox bars with
 
     def __init__(self, *, input_size: int = 416, confidence: float = 0.25, nms: float = 0.45,
                  classes: Sequence[str] = (), model_home=None) -> None:
@@ -203,19 +206,38 @@ class YoloDetector:
                    nms=settings.yolo_nms, classes=settings.yolo_classes)
 
     def detect(self, image: np.ndarray, frame_id: FrameId) -> list[Box]:
-        return self.detect_batch([image])[0]
+        return self.detect_batch([image], [image.shape[1] / image.shape[0]])[0]
 
-    def detect_batch(self, images: Sequence[np.ndarray]) -> list[list[Box]]:
-        """The boxes of each image, from one pass of the network over all of them."""
-        size = (self.input_size, self.input_size)
-        self._net.setInput(cv2.dnn.blobFromImages(images, 1 / 255.0, size, swapRB=True, crop=False))
+    def detect_batch(self, images: Sequence[np.ndarray], aspect_ratios: Sequence[float]) -> list[list[Box]]:
+        """The boxes of each image, from one pass of the network over all of them.
+
+        ``aspect_ratios`` are the width / height of each image's original frame.
+        """
+        placements = [self._placement(image, ratio) for image, ratio in zip(images, aspect_ratios)]
+        canvases = [self._letterboxed(image, placement) for image, placement in zip(images, placements)]
+        self._net.setInput(cv2.dnn.blobFromImages(canvases, 1 / 255.0, swapRB=True, crop=False))
+        del canvases
         # One array per YOLO output layer: rows of (cx, cy, w, h, objectness, 80 class scores),
         # relative to the input; batched as (images, rows, 85), or (rows, 85) for one image.
         layers = [layer.reshape(len(images), -1, layer.shape[-1]) for layer in self._net.forward(self._outputs)]
-        return [self._boxes(np.concatenate([layer[number] for layer in layers]), image.shape[1], image.shape[0])
-                for number, image in enumerate(images)]
+        return [self._boxes(np.concatenate([layer[number] for layer in layers]), image, placement)
+                for number, (image, placement) in enumerate(zip(images, placements))]
 
-    def _boxes(self, rows: np.ndarray, width: int, height: int) -> list[Box]:
+    def _placement(self, image: np.ndarray, aspect_ratio: float) -> tuple[int, int, int, int]:
+        """Where the image goes on the square input: left, top, width, height."""
+        size = self.input_size
+        width, height = (size, max(1, round(size / aspect_ratio))) if aspect_ratio >= 1 else \
+            (max(1, round(size * aspect_ratio)), size)
+        return (size - width) // 2, (size - height) // 2, width, height
+
+    def _letterboxed(self, image: np.ndarray, placement: tuple[int, int, int, int]) -> np.ndarray:
+        left, top, width, height = placement
+        canvas = np.full((self.input_size, self.input_size, 3), self.PAD, np.uint8)
+        canvas[top:top + height, left:left + width] = cv2.resize(image, (width, height),
+                                                                 interpolation=cv2.INTER_LINEAR)
+        return canvas
+
+    def _boxes(self, rows: np.ndarray, image: np.ndarray, placement: tuple[int, int, int, int]) -> list[Box]:
         scores = rows[:, 5:]
         class_ids = scores.argmax(axis=1)
         confidences = scores[np.arange(len(rows)), class_ids]
@@ -223,8 +245,11 @@ class YoloDetector:
         if self._wanted is not None:
             keep &= self._wanted[class_ids]
         rows, class_ids, confidences = rows[keep], class_ids[keep], confidences[keep]
-        sizes = rows[:, 2:4] * (width, height)
-        corners = rows[:, 0:2] * (width, height) - sizes / 2
+        # Input-relative centres and sizes -> pixels of the image, axis by axis.
+        left, top, width, height = placement
+        to_image = (image.shape[1] / width, image.shape[0] / height)
+        sizes = rows[:, 2:4] * self.input_size * to_image
+        corners = (rows[:, 0:2] * self.input_size - (left, top)) * to_image - sizes / 2
         rects = np.concatenate([corners, sizes], axis=1).tolist()
         chosen = cv2.dnn.NMSBoxesBatched(rects, confidences.tolist(), class_ids.tolist(),
                                          self.confidence, self.nms) if rects else ()
@@ -300,7 +325,7 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
         except CorruptFrame as exc:
             results[position] = exc
     try:
-        found = _detect_all(detector, images, [frames[position].id for position in decoded])
+        found = _detect_all(detector, images, [frames[position] for position in decoded])
     except Exception as exc:  # noqa: BLE001 - a plugin's failure is the frames', never the worker's
         found = [exc] * len(decoded)
     del images
@@ -311,13 +336,14 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
     return results
 
 
-def _detect_all(detector: Detector, images: list[np.ndarray], ids: list[FrameId]) -> list[Sequence[BoxLike]]:
+def _detect_all(detector: Detector, images: list[np.ndarray], frames: list[Frame]) -> list[Sequence[BoxLike]]:
     if not images:
         return []
     batch = getattr(detector, "detect_batch", None)
     if batch is not None:
-        return batch(images)
-    return [detector.detect(image, frame_id) for image, frame_id in zip(images, ids)]
+        return batch(images, [(frame.source_width or frame.width) / (frame.source_height or frame.height)
+                              for frame in frames])
+    return [detector.detect(image, frame.id) for image, frame in zip(images, frames)]
 
 
 def _detections(frame: Frame, found: Sequence[BoxLike], detector_name: str, latency_ms: float) -> Detections:
