@@ -188,8 +188,8 @@ class YoloDetector:
     PAD = 128  # the grey Darknet fills letterbox bars with
 
     def __init__(self, *, input_size: int = 416, confidence: float = 0.25, nms: float = 0.45,
-                 classes: Sequence[str] = (), model_home=None) -> None:
-        weights, config, names = (assets.locate(asset, model_home) for asset in assets.MODEL)
+                 classes: Sequence[str] = ()) -> None:
+        weights, config, names = (assets.locate(asset) for asset in assets.MODEL)
         self.labels = tuple(line.strip() for line in names.read_text().splitlines() if line.strip())
         unknown = [label for label in classes if label not in self.labels]
         if unknown:

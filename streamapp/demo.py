@@ -38,6 +38,8 @@ from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.workers import Worker, wait_until
 
 log = logging.getLogger(__name__)
+# A stream's frames, each with its true boxes (None for real footage).
+Source = Iterator[tuple[wire.Frame, list[TruthBox] | None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,8 +200,8 @@ def ensure_broker(options: DemoOptions, settings: Settings) -> tuple[LocalBroker
 
 async def _produce(options: DemoOptions, settings: Settings) -> Produced:
     produced = Produced(started=time.monotonic())
-    streams = _sources(options, new_epoch())
     fps = options.fps if options.fps is not None else SYNTHETIC_FPS if options.synthetic else REAL_FPS
+    streams = _sources(options, new_epoch(), fps)
     # Streams interleave frame by frame, as concurrent cameras would; the pacer runs at the
     # combined rate.
     pacer = Pacer(fps * len(streams) if fps else None)
@@ -212,13 +214,18 @@ async def _produce(options: DemoOptions, settings: Settings) -> Produced:
     return produced
 
 
-def _sources(options: DemoOptions, epoch: int) -> list[Iterator[tuple[wire.Frame, list[TruthBox] | None]]]:
-    """One iterator of (frame, true boxes) per stream: synthetic scenes, or videos without truth."""
+def _sources(options: DemoOptions, epoch: int, fps: float) -> list[Source]:
+    """One iterator of (frame, true boxes) per stream: synthetic scenes, or videos without truth.
+
+    Capture times follow ``fps``, the publishing rate; as fast as possible (0) keeps each
+    video's own rate.
+    """
     if options.synthetic:
         return [synthetic_frames(f"cam{number}", epoch, options.frames, options.width,
-                                 options.height, seed=number, fps=options.fps or SYNTHETIC_FPS)
+                                 options.height, seed=number, fps=fps or SYNTHETIC_FPS)
                 for number in range(1, options.streams + 1)]
-    return [((frame, None) for frame in video_file_frames(path, stream, epoch, max_frames=options.frames))
+    return [((frame, None) for frame in video_file_frames(path, stream, epoch, max_frames=options.frames,
+                                                          fps=fps or None))
             for path, stream in zip(options.videos, _stream_ids(options.videos))]
 
 
