@@ -420,5 +420,6 @@ async def _infer_events(stage, detector: Detector, latency, events) -> None:
         latency.observe(result.latency_ms / 1000)
         if await stage.dead_letters.emit(event, stage="infer", topic=topics.detections,
                                          key=scaled.id.bucket_key(settings.bucket_size),
-                                         value=wire.encode_detections(result)):
+                                         value=wire.encode_detections(result),
+                                         timestamp=event.message.timestamp):
             stage.metrics.inc("infer_results_total")

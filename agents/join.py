@@ -2,55 +2,47 @@
 
 Whichever side arrives first waits in the join window under its join key (stream, epoch, index);
 the other side completes it, and the key is left with a small "joined" marker so that repeats are
-recognised as duplicates. A frame still waiting at its deadline leaves unmatched (flagged) and
-leaves an "expired" marker, so a result that arrives after it is counted late; a result still
-waiting at its deadline is an orphan and is dropped (R1, R2). There are no per-key timers or
-objects: the window's on-disk index drives expiry (R3, R8).
+recognised as duplicates. A waiting side leaves when its partner can no longer arrive (DESIGN R3):
+the other side of its partition has been read past its event time (its Kafka timestamp, the
+frame's capture time) + TTL, or that side is caught up and the TTL has passed since the entry was
+stored. A frame that leaves so goes out unmatched (flagged) and leaves an "expired" marker, so a
+result after it is counted late; a result that leaves so is an orphan and is dropped (R1, R2).
+
+The agent takes its input in batches: it decides a whole batch, sends the outputs without waiting
+for each, and writes the window once they are all delivered; its offsets commit after that. The
+sweep and the batches hold one lock, so a frame is never both joined and expired. Both sides of
+a partition are read in step: a side more than a TTL ahead of the other in event time is paused
+until the other catches up, so pending state while a backlog drains is as small as live.
+There are no per-key timers or objects: the window's on-disk index drives expiry (R8).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
-from typing import Callable, Optional, Protocol
+from typing import Iterable, Optional, Protocol
+
+from faust.types import TP
 
 from streamapp import wire
 from streamapp.metrics import JOIN_LATENCY_BOUNDS, Histogram
-from streamapp.tables.entry import Entry, EntryKind
+from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
+from streamapp.tables.progress import ReadProgress
+from streamapp.tables.store import run_of
 from streamapp.wire import Detections, Frame, Joined
 
 log = logging.getLogger(__name__)
+
+# Records the agent decides at once at most; bytes per batch are the memory plan's (Stage.batch_bytes).
+MAX_BATCH_EVENTS = 1000
 
 
 class JoinState(Protocol):
     def get(self, key: bytes) -> Optional[Entry]: ...
 
     def put(self, key: bytes, entry: Entry) -> None: ...
-
-
-class HeldWrites:
-    """A JoinState whose writes wait in ``held`` until :meth:`apply`.
-
-    The agent applies them once the joined record they imply is delivered, so a worker killed
-    in between sees the pending entry again when the input is redelivered, and emits again
-    instead of finding a "joined" marker for a record that never left (R12).
-    """
-
-    def __init__(self, state: JoinState) -> None:
-        self.state = state
-        self.held: dict[bytes, Entry] = {}
-
-    def get(self, key: bytes) -> Optional[Entry]:
-        return self.held[key] if key in self.held else self.state.get(key)
-
-    def put(self, key: bytes, entry: Entry) -> None:
-        self.held[key] = entry
-
-    def apply(self) -> None:
-        for key, entry in self.held.items():
-            self.state.put(key, entry)
-        self.held.clear()
 
 
 @dataclasses.dataclass
@@ -78,26 +70,21 @@ class Joiner:
     # end-to-end delay the join adds, independent of the producers' clocks.
     latency: Histogram = dataclasses.field(default_factory=lambda: Histogram(JOIN_LATENCY_BOUNDS))
 
-    def on_frame(self, state: JoinState, frame: Frame, raw: bytes, now_ms: int) -> Optional[Joined]:
-        self.counts.frames_in += 1
-        return self._arrive(state, frame.id, EntryKind.FRAME, raw, now_ms,
-                            lambda waiting: Joined(frame, wire.decode_detections(waiting.payload)))
-
-    def on_result(self, state: JoinState, result: Detections, raw: bytes, now_ms: int) -> Optional[Joined]:
-        self.counts.results_in += 1
-        return self._arrive(state, result.id, EntryKind.RESULT, raw, now_ms,
-                            lambda waiting: Joined(wire.decode_frame(waiting.payload), result))
-
-    def _arrive(self, state: JoinState, frame_id: wire.FrameId, side: bytes, raw: bytes, now_ms: int,
-                complete: Callable[[Entry], Joined]) -> Optional[Joined]:
+    def arrive(self, state: JoinState, record: Frame | Detections, raw: bytes, *,
+               event_ms: int, now_ms: int) -> Optional[Joined]:
         """One side arrives: wait for the other, complete the pair, or count why it is dropped."""
-        key = frame_id.join_key()
+        side = EntryKind.FRAME if isinstance(record, Frame) else EntryKind.RESULT
+        if side == EntryKind.FRAME:
+            self.counts.frames_in += 1
+        else:
+            self.counts.results_in += 1
+        key = record.id.join_key()
         waiting = state.get(key)
         if waiting is None:
-            state.put(key, Entry(side, now_ms + self.ttl_ms, raw))
+            state.put(key, Entry(side, now_ms + self.ttl_ms, raw, event_ms))
             return None
-        if waiting.kind == _OTHER_SIDE[side]:
-            joined = complete(waiting)
+        if waiting.kind == OTHER_SIDE[side]:
+            joined = _complete(record, waiting)
             state.put(key, Entry(EntryKind.JOINED, now_ms + self.marker_ttl_ms))
             self.counts.joined += 1
             self.latency.observe(max(0, now_ms - (waiting.deadline_ms - self.ttl_ms)) / 1000)
@@ -119,7 +106,10 @@ class Joiner:
         return None, None
 
 
-_OTHER_SIDE = {EntryKind.FRAME: EntryKind.RESULT, EntryKind.RESULT: EntryKind.FRAME}
+def _complete(arrived: Frame | Detections, waiting: Entry) -> Joined:
+    if isinstance(arrived, Frame):
+        return Joined(arrived, wire.decode_detections(waiting.payload))
+    return Joined(wire.decode_frame(waiting.payload), arrived)
 
 
 def check_key(key: bytes | None, record, bucket_size: int) -> None:
@@ -145,19 +135,63 @@ def check_fits(value: bytes, max_record_bytes: int) -> None:
 
 
 def now_ms() -> int:
-    """Expiry runs on this worker's clock, never on producers' timestamps (R3)."""
+    """The worker's clock: when entries were stored, for the caught-up rule and the markers."""
     return int(time.time() * 1000)
 
 
+def event_time_ms(message) -> int:
+    """The record's Kafka timestamp (Faust gives seconds): the frame's capture time."""
+    return round(message.timestamp * 1000)
+
+
+def end_offset(consumer, tp: TP) -> Optional[int]:
+    """The partition's end offset as of the consumer's latest fetch; None when unknown (not
+    fetched yet, or no longer assigned)."""
+    try:
+        return consumer.highwater(tp)
+    except Exception:  # noqa: BLE001 - aiokafka asserts the partition is assigned
+        return None
+
+
+class InStep:
+    """Pauses the input partition that has read more than a TTL ahead of its partner in event
+    time while the partner has a backlog, and resumes it once the partner catches up.
+
+    It pauses the way Faust does for a full stream buffer (``on_buffer_full``): records of the
+    partition already fetched are still handed to the stream, only further fetches wait. Faust's
+    ``pause_partitions`` would make the consumer skip records fetched but not yet handed over,
+    and they would never come back.
+    """
+
+    def __init__(self, consumer, progress: ReadProgress, lead_ms: int) -> None:
+        self.consumer, self.progress, self.lead_ms = consumer, progress, lead_ms
+        self.paused: set[TP] = set()
+        self.pauses = 0
+
+    def adjust(self, partitions: Iterable[int]) -> None:
+        wanted = {TP(self.progress.names[side], number) for number in partitions
+                  if (side := self.progress.ahead(number, self.lead_ms)) is not None}
+        for tp in self.paused - wanted:
+            self.consumer.on_buffer_drop(tp)
+        for tp in wanted:  # again each time: a drained stream buffer resumes it in between
+            self.consumer.on_buffer_full(tp)
+        self.pauses += len(wanted - self.paused)
+        self.paused = wanted
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"join_input_partitions_paused": len(self.paused), "join_input_pauses_total": self.pauses}
+
+
 def register(stage) -> None:
-    """The Faust side: one agent over frames + detections, and the sweep timer."""
+    """The Faust side: one agent over frames + detections taking batches, and the sweep timer."""
+    from streamapp.batches import take_batches
     from streamapp.tables.disk import DiskGuard
     from streamapp.tables.window import DueOutcome, JoinWindow
     from streamapp.topics import JOIN_TABLE, changelog_config, max_record_bytes
 
-    settings = stage.settings
+    settings, app, topics = stage.settings, stage.app, stage.topics
     window = JoinWindow(
-        stage.app,
+        app,
         name=JOIN_TABLE,
         partitions=settings.partitions,
         memory=stage.rocks_memory,
@@ -167,39 +201,31 @@ def register(stage) -> None:
     joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
                     marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),
                     latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
-    topics = stage.topics
     record_limit = max_record_bytes(settings)
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir)
+    frames_topic, results_topic = topics.frames.get_topic_name(), topics.detections.get_topic_name()
+    start_offsets: dict[tuple[str, int], Optional[int]] = {}
+    progress = ReadProgress(
+        frames_topic, results_topic,
+        end_offset=lambda topic, number: end_offset(app.consumer, TP(topic, number)),
+        start_offset=lambda topic, number: start_offsets.get((topic, number)),
+        generation=lambda: app.consumer_generation_id,
+        clock=now_ms,
+    )
+    in_step = InStep(app.consumer, progress, joiner.ttl_ms)
     stage.metrics.add_gauges(joiner.counts.as_metrics)
     stage.metrics.add_gauges(disk.as_metrics)
+    stage.metrics.add_gauges(in_step.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
-    both_sides = stage.app.topic(topics.frames.get_topic_name(), topics.detections.get_topic_name(),
-                                 key_serializer="raw", value_serializer="raw")
+    both_sides = app.topic(frames_topic, results_topic, key_serializer="raw", value_serializer="raw")
 
-    @stage.app.agent(both_sides, name="join")
-    async def join(stream):
-        async for event in stream.events():
-            await disk.wait_for_space()
-            state = HeldWrites(window)
-            try:
-                record = wire.decode(event.value, max_frame_bytes=settings.max_frame_bytes)
-                check_key(event.key, record, settings.bucket_size)
-                check_fits(event.value, record_limit)
-                if isinstance(record, Frame):
-                    joined = joiner.on_frame(state, record, event.value, now_ms())
-                elif isinstance(record, Detections):
-                    joined = joiner.on_result(state, record, event.value, now_ms())
-                else:
-                    raise wire.WireError("a joined record does not belong on the join's inputs")
-            except wire.WireError as exc:
-                await stage.dead_letters.send(event, stage="join", reason=exc.reason)
-                continue
-            if joined is not None:
-                delivery = await stage.dead_letters.emit(
-                    event, stage="join", topic=topics.joined, key=event.key, value=wire.encode_joined(joined))
-                if delivery is not None:
-                    await delivery
-            state.apply()
+    def decode(event) -> Frame | Detections:
+        record = wire.decode(event.value, max_frame_bytes=settings.max_frame_bytes)
+        if not isinstance(record, (Frame, Detections)):
+            raise wire.WireError("a joined record does not belong on the join's inputs")
+        check_key(event.key, record, settings.bucket_size)
+        check_fits(event.value, record_limit)
+        return record
 
     async def on_due(key: bytes, entry: Entry, partition: int) -> DueOutcome:
         replacement, unmatched = joiner.on_due(entry, now_ms())
@@ -209,11 +235,59 @@ def register(stage) -> None:
                                             value=wire.encode_joined(unmatched))
         return DueOutcome(replacement, delivery)
 
-    @stage.app.timer(settings.sweep_interval_s, name="join-sweep")
+    async def expire_and_step() -> None:
+        await window.expire(now_ms(), joiner.ttl_ms, progress, on_due)
+        in_step.adjust(number for number, _ in window.table.data.active_partitions())
+
+    async def join_batch(events) -> None:
+        transaction = window.transaction()
+        deliveries = []
+        decided_at = now_ms()
+        for event in events:
+            try:
+                record = decode(event)
+            except wire.WireError as exc:
+                await stage.dead_letters.send(event, stage="join", reason=exc.reason)
+                continue
+            message = event.message
+            event_ms = event_time_ms(message)
+            progress.observe(message.topic, message.partition, run_of(record.id.join_key()), event_ms,
+                             message.offset)
+            joined = joiner.arrive(transaction.partition(message.partition), record, event.value,
+                                   event_ms=event_ms, now_ms=decided_at)
+            if joined is not None:
+                delivery = await stage.dead_letters.emit(
+                    event, stage="join", topic=topics.joined, key=event.key, value=wire.encode_joined(joined))
+                if delivery is not None:
+                    deliveries.append(delivery)
+        await asyncio.gather(*deliveries)
+        transaction.commit()
+
+    @app.agent(both_sides, name="join")
+    async def join(stream):
+        async for events in take_batches(stream, max_bytes=stage.batch_bytes, max_events=MAX_BATCH_EVENTS):
+            await disk.wait_for_space()
+            async with window.lock:
+                await join_batch(events)
+                await expire_and_step()
+
+    async def refresh_start_offsets() -> None:
+        """Where the consumer reads each input partition from, for "caught up" before this
+        worker has read anything of it."""
+        for tp in app.consumer.assignment():
+            if tp.topic in (frames_topic, results_topic):
+                try:
+                    start_offsets[(tp.topic, tp.partition)] = await app.consumer.position(tp)
+                except Exception as exc:  # noqa: BLE001 - revoked meanwhile; the next sweep asks again
+                    log.debug("no position for %s: %r", tp, exc)
+
+    @app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():
         # Mid-recovery the store holds part of the changelog: an overdue frame whose "joined"
         # marker is in a later batch would be emitted again as unmatched.
-        if stage.app.in_recovery or stage.app.rebalancing:
+        if app.in_recovery or app.rebalancing:
             return
-        await window.sweep(now_ms(), on_due)
-        await disk.tend(window, on_due)
+        await refresh_start_offsets()
+        async with window.lock:
+            await expire_and_step()
+            await disk.tend(window, on_due)

@@ -50,5 +50,6 @@ def register(stage) -> None:
                 continue
             if await stage.dead_letters.emit(event, stage="resize", topic=topics.scaled,
                                              key=frame.id.bucket_key(settings.bucket_size),
-                                             value=wire.encode_frame(scaled)):
+                                             value=wire.encode_frame(scaled),
+                                             timestamp=event.message.timestamp):
                 stage.metrics.inc("resize_frames_out_total")

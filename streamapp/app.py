@@ -49,6 +49,7 @@ class Stage:
     dead_letters: DeadLetters
     rocks_memory: RocksMemory
     buffer_records: int
+    batch_bytes: int
     # One thread for pixel work: decoded images exist one at a time (R7) and the event loop
     # stays free to heartbeat while a frame is decoded, detected or drawn.
     pixels: ThreadPoolExecutor = dataclasses.field(
@@ -158,6 +159,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         dead_letters=DeadLetters(app_topics.deadletter, metrics),
         rocks_memory=shared_rocks_memory(plan.rocksdb_bytes),
         buffer_records=records,
+        batch_bytes=plan.batch_bytes,
     )
     for name in settings.stages:
         importlib.import_module(f"streamapp.agents.{name}").register(stage)

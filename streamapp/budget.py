@@ -10,6 +10,7 @@ and the next is 3 MB. Here every buffer a record passes through gets a share of
 * consumer fetch: bytes asked per partition per fetch (Kafka still returns one whole record
   that is larger, so frames up to the frame limit always arrive);
 * producer: bytes per batch, and bytes waiting in Faust's send buffer (:class:`SendBufferBytes`);
+* the batch an agent decides at once (the join's, streamapp.batches);
 * the rest is headroom for the interpreter and the one decoded image a pixel stage holds.
 
 When a stream buffer is full the worker stops fetching (backpressure), or, with
@@ -45,6 +46,7 @@ class MemoryPlan:
     fetch_bytes_per_partition: int
     producer_batch_bytes: int
     send_buffer_bytes: int
+    batch_bytes: int              # records one agent holds in the batch it is deciding
 
     @classmethod
     def for_settings(cls, settings: Settings) -> "MemoryPlan":
@@ -65,6 +67,7 @@ class MemoryPlan:
             producer_batch_bytes=min(record, _MAX_BATCH_BYTES,
                                      max(_MIN_BATCH_BYTES, producer_share // (2 * produced))),
             send_buffer_bytes=max(record, producer_share),
+            batch_bytes=max(record, budget // 16),
         )
 
     def as_metrics(self) -> dict[str, float]:

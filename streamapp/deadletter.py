@@ -45,11 +45,12 @@ class DeadLetters:
         self.metrics.inc(f"{stage}_dead_lettered_total")
 
     async def emit(self, event: EventT, *, stage: str, topic: faust.TopicT, key: bytes,
-                   value: bytes) -> Optional[Awaitable]:
+                   value: bytes, timestamp: Optional[float] = None) -> Optional[Awaitable]:
         """Send what ``event`` produced to ``topic``; returns its delivery, or None when the
-        producer refused it (too large) and ``event`` was dead-lettered instead."""
+        producer refused it (too large) and ``event`` was dead-lettered instead. ``timestamp``
+        (seconds) is the output's Kafka timestamp; None stamps it now."""
         try:
-            return await topic.send(key=key, value=value)
+            return await topic.send(key=key, value=value, timestamp=timestamp)
         except ProducerSendError as exc:
             await self.send(event, stage=stage, reason=f"output to {topic.get_topic_name()} refused: {exc}")
             return None

@@ -53,9 +53,9 @@ class FramePublisher:
                 f"{self.settings.max_frame_bytes}"
             )
         value = wire.encode_frame(frame)
-        # No record timestamp from the capture clock: retention must count from when the broker
-        # got the record, or a replayed old recording would be deleted on arrival.
-        await self.producer.send(self.topic, value, key=frame.id.bucket_key(self.settings.bucket_size))
+        # The Kafka timestamp is the capture time: it is the event time the join expires by.
+        await self.producer.send(self.topic, value, key=frame.id.bucket_key(self.settings.bucket_size),
+                                 timestamp_ms=frame.timestamp_ms)
         self.published += 1
         self.published_bytes += len(value)
 

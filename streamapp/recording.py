@@ -55,6 +55,13 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    # When the record happened (its frame's capture time), if a replay transform moved when it
+    # is sent (``timestamp_ms``) away from it; None: the same.
+    event_ms: int | None = None
+
+    @property
+    def event_time_ms(self) -> int:
+        return self.timestamp_ms if self.event_ms is None else self.event_ms
 
 
 # --- writing ----------------------------------------------------------------------------------

@@ -20,12 +20,14 @@ import time
 from typing import Callable, Iterable, Iterator, Optional
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 
 from streamapp import wire
 from streamapp.agents.join import Joiner
 from streamapp.recording import Record, Recording
 from streamapp.settings import Settings
-from streamapp.tables.entry import Entry
+from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
+from streamapp.tables.store import run_of
 from streamapp.topics import max_record_bytes
 from streamapp.units import UnitError, parse_duration
 
@@ -176,19 +178,27 @@ class Restart:
 
 @dataclasses.dataclass
 class Skew:
-    """Moves each frame's capture timestamp (``ts_ms``) by a random amount within ±``max_ms``."""
+    """Sets each camera's clock off by a random amount within ±``max_ms``: its frames' capture
+    timestamps (``ts_ms``) and the event time of its frames and results move together."""
 
     max_ms: int
     rng: random.Random
 
     def __call__(self, records: Records) -> Records:
+        offsets: dict[str, int] = {}
         for record in records:
-            if side_of(record) != "frames":
+            side = side_of(record)
+            if side is None:
                 yield record
                 continue
-            frame = wire.decode_frame(record.value)
-            moved = frame.timestamp_ms + self.rng.randint(-self.max_ms, self.max_ms)
-            yield dataclasses.replace(record, value=wire.encode_frame(dataclasses.replace(frame, timestamp_ms=moved)))
+            stream = frame_id(record).stream
+            offset = offsets.setdefault(stream, self.rng.randint(-self.max_ms, self.max_ms))
+            moved = dataclasses.replace(record, event_ms=record.event_time_ms + offset)
+            if side == "frames":
+                frame = wire.decode_frame(record.value)
+                moved = dataclasses.replace(moved, value=wire.encode_frame(
+                    dataclasses.replace(frame, timestamp_ms=frame.timestamp_ms + offset)))
+            yield moved
 
 
 @dataclasses.dataclass
@@ -216,7 +226,7 @@ duplicate:SIDE:FRACTION   send a fraction of one side twice
 delay:SIDE:DURATION       one side later by DURATION (e.g. 1s, 500ms)
 stall:SIDE:AT:DURATION    one side silent for DURATION from AT after the start
 restart:INDEX             every source restarts at frame INDEX (new epoch, index from 0)
-skew:DURATION             capture timestamps moved by up to ±DURATION"""
+skew:DURATION             each camera's clock off by up to ±DURATION"""
 
 
 def parse_transform(spec: str, *, seed: int, position: int, bucket_size: int) -> Transform:
@@ -270,7 +280,8 @@ def _ms(text: str, spec: str) -> int:
 
 
 def apply(records: Iterable[Record], transforms: Iterable[Transform]) -> Records:
-    stream = iter(records)
+    # Transforms move when a record is sent; its event time stays what was recorded.
+    stream = (dataclasses.replace(record, event_ms=record.event_time_ms) for record in records)
     for transform in transforms:
         stream = transform(stream)
     return stream
@@ -291,7 +302,8 @@ def interleave(sources: list[Iterable[Record]]) -> Records:
     def rebased(first: Record, rest: Records) -> Records:
         shift = start - first.timestamp_ms
         for record in itertools.chain((first,), rest):
-            yield dataclasses.replace(record, timestamp_ms=record.timestamp_ms + shift)
+            yield dataclasses.replace(record, timestamp_ms=record.timestamp_ms + shift,
+                                      event_ms=record.event_time_ms + shift)
 
     return heapq.merge(*(rebased(first, rest) for first, rest in heads), key=lambda r: r.timestamp_ms)
 
@@ -314,12 +326,15 @@ class Prediction:
 def predict(records: Iterable[Record], settings: Settings, *, speed: float | None) -> Prediction:
     """Runs the join's own decision (:class:`Joiner`) on the stream, on the replay's clock.
 
-    Entries expire exactly at their deadline here; the worker expires them up to one sweep
-    interval later, so scenarios keep their timings clear of the TTL by more than that.
+    The worker is taken to keep up, so the other side is always caught up: a waiting entry
+    leaves at its deadline (stored + TTL on the replay clock), or as soon as the other side of
+    its partition has been read past its event time + TTL, whichever comes first. The worker
+    expires entries up to one sweep interval later, so scenarios keep their timings clear of the
+    TTL by more than that.
     """
     joiner = Joiner(ttl_ms=round(settings.join_ttl_s * 1000), marker_ttl_ms=round(settings.done_marker_ttl_s * 1000))
-    state = _DictState()
-    joined, unmatched = set(), set()
+    window = _PredictedWindow(joiner, settings.partitions)
+    joined = set()
     start, now = None, 0
     for record in records:
         side = side_of(record)
@@ -328,33 +343,56 @@ def predict(records: Iterable[Record], settings: Settings, *, speed: float | Non
         start = record.timestamp_ms if start is None else start
         # The replayer never waits for a timestamp earlier than one it has passed: neither does this clock.
         now = max(now, 0 if speed is None else round((record.timestamp_ms - start) / speed))
-        _expire(state, joiner, now, unmatched)
+        window.expire(now)
         decoded = wire.decode(record.value)
-        on_side = joiner.on_frame if side == "frames" else joiner.on_result
-        if on_side(state, decoded, record.value, now) is not None:
+        if window.arrive(record, decoded, now) is not None:
             joined.add(decoded.id)
-    _expire(state, joiner, _END_OF_TIME, unmatched)
+        window.expire(now)
+    window.expire(_END_OF_TIME)
     counts = dataclasses.asdict(joiner.counts)
-    return Prediction(counts, joined, unmatched)
+    return Prediction(counts, joined, window.unmatched)
 
 
-class _DictState(dict):
-    """The join window as a dict, for :func:`predict`."""
+class _PredictedWindow(dict):
+    """The join window as a dict, with the read progress of each side, for :func:`predict`."""
+
+    def __init__(self, joiner: Joiner, partitions: int) -> None:
+        super().__init__()
+        self.joiner, self.partitions = joiner, partitions
+        self.partition_of: dict[bytes, int] = {}
+        self.read_past: dict[tuple[bytes, int, bytes], int] = {}  # (side, partition, camera run)
+        self.unmatched: set[wire.FrameId] = set()
 
     def put(self, key: bytes, entry: Entry) -> None:
         self[key] = entry
 
+    def arrive(self, record: Record, decoded, now: int):
+        partition = (murmur2(record.key or b"") & 0x7FFFFFFF) % self.partitions
+        side = EntryKind.FRAME if isinstance(decoded, wire.Frame) else EntryKind.RESULT
+        read = (side, partition, run_of(decoded.id.join_key()))
+        self.read_past[read] = max(self.read_past.get(read, record.event_time_ms), record.event_time_ms)
+        self.partition_of[decoded.id.join_key()] = partition
+        return self.joiner.arrive(self, decoded, record.value, event_ms=record.event_time_ms, now_ms=now)
 
-def _expire(state: _DictState, joiner: Joiner, now: int, unmatched: set) -> None:
-    """Expire what is due at ``now``, each entry at its own deadline, markers made by expiry too."""
-    while due := [key for key, entry in state.items() if entry.deadline_ms <= now]:
-        for key in due:
-            entry = state.pop(key)
-            replacement, frame_out = joiner.on_due(entry, entry.deadline_ms)
-            if replacement is not None:
-                state[key] = replacement
-            if frame_out is not None:
-                unmatched.add(frame_out.frame.id)
+    def expire(self, now: int) -> None:
+        """Expire what is due at ``now``: by deadline (at the deadline) or by the other side's
+        progress (now); markers made by expiry too."""
+        while due := [(key, at) for key, entry in self.items() if (at := self._due_at(key, entry, now)) is not None]:
+            for key, at in due:
+                replacement, frame_out = self.joiner.on_due(self.pop(key), at)
+                if replacement is not None:
+                    self[key] = replacement
+                if frame_out is not None:
+                    self.unmatched.add(frame_out.frame.id)
+
+    def _due_at(self, key: bytes, entry: Entry, now: int) -> int | None:
+        if entry.deadline_ms <= now:
+            return entry.deadline_ms
+        if entry.is_pending:
+            progress = self.read_past.get((OTHER_SIDE[entry.kind], self.partition_of[key], run_of(key)))
+            if progress is not None and entry.event_ms + self.joiner.ttl_ms < progress:
+                return now
+        return None
 
 
 # --- publishing -------------------------------------------------------------------------------
@@ -362,12 +400,14 @@ def _expire(state: _DictState, joiner: Joiner, now: int, unmatched: set) -> None
 
 @dataclasses.dataclass(frozen=True)
 class Sent:
-    """A record as published, with where it went and the timestamp Kafka gave it."""
+    """A record as published: where it went, its Kafka timestamp (its event time, moved to the
+    replay), and when it was handed to the producer (ms since the Unix epoch)."""
 
     record: Record
     topic: str
     partition: int
     timestamp_ms: int
+    sent_ms: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,8 +426,9 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
                   speed: float | None, on_sent: Callable[[Sent], None] | None = None) -> int:
     """Publish ``records`` at their recorded pace × ``speed`` (None: as fast as possible).
 
-    Records get no timestamp from the recording: Kafka stamps them now, so retention counts from
-    the replay, not from when they were recorded.
+    Each record's Kafka timestamp is its event time moved by one shift, so that the first
+    record happens now: the join sees the recorded event times, and retention counts from the
+    replay, not from when they were recorded.
     """
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
                                 max_request_size=max_record_bytes(settings),
@@ -398,14 +439,19 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
         counts = _PartitionCounts(producer, target)
         pace = _Pace(speed)
         sent = 0
+        shift: int | None = None
         for record in records:
             topic = target.rename.get(record.topic, record.topic)
             partition = await counts.partition(record, topic)
             await pace.wait(record.timestamp_ms)
+            sent_ms = int(time.time() * 1000)
+            if shift is None:
+                shift = sent_ms - record.event_time_ms
+            timestamp_ms = max(0, record.event_time_ms + shift)
             future = await producer.send(topic, record.value, key=record.key, partition=partition,
-                                         headers=list(record.headers))
+                                         headers=list(record.headers), timestamp_ms=timestamp_ms)
             if on_sent is not None:
-                future.add_done_callback(_reporter(record, on_sent))
+                future.add_done_callback(_reporter(record, timestamp_ms, sent_ms, on_sent))
             sent += 1
         await producer.flush()
         return sent
@@ -413,11 +459,12 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
         await producer.stop()
 
 
-def _reporter(record: Record, on_sent: Callable[[Sent], None]):
+def _reporter(record: Record, timestamp_ms: int, sent_ms: int, on_sent: Callable[[Sent], None]):
+    # The timestamp as sent: aiokafka reports the first record's for every record of a batch.
     def report(future) -> None:
         if not future.cancelled() and future.exception() is None:
             metadata = future.result()
-            on_sent(Sent(record, metadata.topic, metadata.partition, metadata.timestamp))
+            on_sent(Sent(record, metadata.topic, metadata.partition, timestamp_ms, sent_ms))
     return report
 
 

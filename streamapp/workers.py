@@ -15,11 +15,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 from streamapp.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Faust logs this once partitions are assigned and the tables are recovered.
 READY_MARKER = "Worker ready"
@@ -74,10 +75,12 @@ class Worker:
         self._log.close()
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, *, poll_s: float = 0.25) -> None:
-    """Poll ``condition`` until it holds; TimeoutError naming ``what`` after ``timeout_s``."""
+def wait_until(condition: Callable[[], T], timeout_s: float, what: str, *, poll_s: float = 0.25) -> T:
+    """Poll ``condition`` until it returns something true, and return that; TimeoutError naming
+    ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(poll_s)
+    return value

@@ -75,7 +75,7 @@ class DiskGuard:
         pending = sum(partition.stats.bytes for partition in partitions)
         cutoff = deadline_to_free(partitions, pending - int(EXPIRE_DOWN_TO * self.budget_bytes))
         if cutoff is not None:
-            expired = await window.sweep(cutoff, on_due)
+            expired = await window.shed(cutoff, on_due)
             self.early_expired += expired
             log.warning("join window at %s on disk of a %s budget: expired the %d oldest entries early",
                         format_bytes(used), format_bytes(self.budget_bytes), expired)

@@ -3,17 +3,27 @@
 Each partition is one RocksDB database with two column families:
 
 * ``default``: join key -> :class:`~streamapp.tables.entry.Entry` (plus Faust's offset marker);
-* ``expiry``: ``deadline_ms (u64 BE) | join key`` -> ``kind | value length``, ordered by deadline.
+* ``expiry``: two orderings of the same entries, so that each expiry rule finds its due entries
+  by reading the head of a sorted range, never by scanning the partition:
 
-Every write path keeps the two in step in one atomic write batch: agent writes (``_set``/``_del``),
-changelog recovery and standby replay (``apply_changelog_batch``) and the sweeper (``write``).
-Because the deadline lives in the entry, an index restored from the changelog alone, or opened
-after a rebalance, is complete: nothing is kept in memory that a restart could lose (R4).
+  - ``W | kind | deadline_ms | join key`` -> ``kind | value length``: every entry by its
+    worker-clock deadline, one range per kind (markers always expire by it; a pending side only
+    while the other side is caught up);
+  - ``E | kind | run length | run | event_ms | join key`` -> empty: pending sides by their event
+    time, one range per kind and camera run (``stream:epoch``), since cameras' clocks need not
+    agree, and a restarted camera's clock need not continue where it was.
+
+Every write path keeps the families in step in one atomic write batch: agent writes (``_set``/
+``_del``), changelog recovery and standby replay (``apply_changelog_batch``), and the join's own
+batches and sweeps (``write``). Because the times live in the entry, an index restored from the
+changelog alone, or opened after a rebalance, is complete: nothing is kept in memory that a
+restart could lose (R4).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
 import struct
 from pathlib import Path
@@ -24,12 +34,24 @@ from faust.stores import rocksdb as faust_rocksdb
 from faust.streams import current_event
 from faust.types import TP, EventT
 
-from streamapp.tables.entry import EntryKind, peek_deadline
+from streamapp.tables.entry import EntryKind, peek_times
 from streamapp.tables.memory import RocksMemory
 
 EXPIRY_FAMILY = "expiry"
-_DEADLINE = struct.Struct(">Q")
+_BY_DEADLINE = b"W"
+_BY_EVENT = b"E"
+_TIME = struct.Struct(">Q")
 _INDEX_VALUE = struct.Struct(">cI")
+_LAST_TIME = b"\xff" * _TIME.size
+
+
+def run_of(key: bytes) -> bytes:
+    """The camera run (``stream:epoch``) of a join key (``stream:epoch:index``): one clock."""
+    return key.rpartition(b":")[0]
+
+
+def _event_prefix(kind: bytes, run: bytes) -> bytes:
+    return _BY_EVENT + kind + bytes((len(run),)) + run
 
 
 @dataclasses.dataclass
@@ -47,6 +69,10 @@ class PartitionStats:
         if kind in EntryKind.PENDING:
             self.pending_entries += sign
             self.pending_bytes += sign * value_length
+
+
+# (kind, deadline, event time, length) of a stored value: all the index needs to find and count it.
+_Described = tuple[bytes, int, int, int]
 
 
 class JoinPartition:
@@ -67,38 +93,62 @@ class JoinPartition:
         self.db.close()
 
     def write(self, key: bytes, value: Optional[bytes]) -> None:
-        """Put (or delete, when ``value`` is None) an entry and move its index key with it."""
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        self._stage(batch, key, _describe(self.db.get(key)), value)
-        self.db.write(batch)
+        """Put (or delete, when ``value`` is None) an entry and move its index keys with it."""
+        self.write_many([(key, value)])
 
-    def replay(self, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
-        """Apply changelog records in order as one batch (recovery and standbys)."""
+    def write_many(self, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
+        """Apply puts and deletes in order as one atomic batch (a join batch, recovery, standbys)."""
         batch = rocksdict.WriteBatch(raw_mode=True)
-        staged: dict[bytes, Optional[tuple[bytes, int, int]]] = {}
+        staged: dict[bytes, Optional[_Described]] = {}
         for key, value in changes:
             old = staged[key] if key in staged else _describe(self.db.get(key))
             self._stage(batch, key, old, value)
             staged[key] = _describe(value)
         self.db.write(batch)
 
-    def expired(self, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
-        """Up to ``limit`` (key, value) pairs whose deadline is at or before ``now_ms``."""
-        found = []
-        for index_key in self._index.keys():
-            (deadline,) = _DEADLINE.unpack_from(index_key)
-            if deadline > now_ms or len(found) >= limit:
+
+    def due_by_deadline(self, kinds: Iterable[bytes], now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` (key, value) pairs of these kinds whose deadline is at or before ``now_ms``."""
+        found: list[tuple[bytes, bytes]] = []
+        for kind in kinds:
+            prefix = _BY_DEADLINE + kind
+            for index_key in self._index.keys(from_key=prefix):
+                if len(found) >= limit or not index_key.startswith(prefix):
+                    break
+                (deadline,) = _TIME.unpack_from(index_key, len(prefix))
+                if deadline > now_ms:
+                    break
+                self._found(found, bytes(index_key[len(prefix) + _TIME.size:]))
+        return found
+
+    def due_by_event(self, kind: bytes, read_past: Callable[[bytes], Optional[int]], ttl_ms: int,
+                     limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` pending entries of ``kind`` whose partner can no longer arrive: the
+        other side has read their camera run past their event time + TTL (``read_past`` gives
+        that side's latest event time per run, None if it has read nothing of it)."""
+        found: list[tuple[bytes, bytes]] = []
+        head = _BY_EVENT + kind
+        cursor = self._index.iter()
+        cursor.seek(head)
+        while cursor.valid() and len(found) < limit:
+            index_key = cursor.key()
+            if not index_key.startswith(head):
                 break
-            key = bytes(index_key[_DEADLINE.size:])
-            value = self.db.get(key)
-            if value is not None:
-                found.append((key, value))
+            length = index_key[len(head)]
+            run = bytes(index_key[len(head) + 1:len(head) + 1 + length])
+            prefix = len(head) + 1 + length
+            (event_ms,) = _TIME.unpack_from(index_key, prefix)
+            progress = read_past(run)
+            if progress is not None and event_ms + ttl_ms < progress:
+                self._found(found, bytes(index_key[prefix + _TIME.size:]))
+                cursor.next()
+            else:  # this run's later entries are later still: on to the next run
+                cursor.seek(_event_prefix(kind, run) + _LAST_TIME)
         return found
 
     def by_deadline(self) -> Iterator[tuple[int, int]]:
         """(deadline, value length) of every entry, earliest deadline first."""
-        for index_key, value in self._index.items():
-            yield _DEADLINE.unpack_from(index_key)[0], _INDEX_VALUE.unpack(value)[1]
+        return heapq.merge(*(self._deadlines(kind) for kind in EntryKind.ALL))
 
     def compact(self) -> None:
         """Rewrite the files without deleted entries, so their disk space comes back now."""
@@ -106,46 +156,64 @@ class JoinPartition:
         self._index.compact_range(None, None)
 
     def oldest_deadline_ms(self) -> Optional[int]:
-        for index_key in self._index.keys():
-            return _DEADLINE.unpack_from(index_key)[0]
-        return None
+        return self._first_deadline(EntryKind.ALL)
 
     def oldest_pending_deadline_ms(self) -> Optional[int]:
-        """The earliest deadline of a frame or result. Markers outlive pending entries, so the
-        scan passes only the markers stored more than (marker TTL - TTL) before that entry."""
-        for index_key, index_value in self._index.items():
-            kind, _ = _INDEX_VALUE.unpack(index_value)
-            if kind in EntryKind.PENDING:
-                return _DEADLINE.unpack_from(index_key)[0]
-        return None
+        """The earliest deadline of a frame or result."""
+        return self._first_deadline(EntryKind.PENDING)
 
-    def _stage(self, batch, key: bytes, old: Optional[tuple[bytes, int, int]], new: Optional[bytes]) -> None:
+    def _first_deadline(self, kinds: Iterable[bytes]) -> Optional[int]:
+        return min((deadline for kind in kinds for deadline, _ in self._deadlines(kind, first_only=True)),
+                   default=None)
+
+    def _deadlines(self, kind: bytes, *, first_only: bool = False) -> Iterator[tuple[int, int]]:
+        prefix = _BY_DEADLINE + kind
+        for index_key, value in self._index.items(from_key=prefix):
+            if not index_key.startswith(prefix):
+                return
+            yield _TIME.unpack_from(index_key, len(prefix))[0], _INDEX_VALUE.unpack(value)[1]
+            if first_only:
+                return
+
+    def _found(self, found: list, key: bytes) -> None:
+        value = self.db.get(key)
+        if value is not None:
+            found.append((key, value))
+
+    def _stage(self, batch, key: bytes, old: Optional[_Described], new: Optional[bytes]) -> None:
         if old is not None:
-            old_kind, old_deadline, old_length = old
-            batch.delete(_DEADLINE.pack(old_deadline) + key, self._index_handle)
+            old_kind, old_deadline, old_event, old_length = old
+            batch.delete(_BY_DEADLINE + old_kind + _TIME.pack(old_deadline) + key, self._index_handle)
+            if old_kind in EntryKind.PENDING:
+                batch.delete(_event_prefix(old_kind, run_of(key)) + _TIME.pack(old_event) + key,
+                             self._index_handle)
             self.stats.add(old_kind, old_length, -1)
         if new is None:
             batch.delete(key)
             return
-        kind, deadline = peek_deadline(new)
+        kind, deadline, event_ms = peek_times(new)
         batch.put(key, new)
-        batch.put(_DEADLINE.pack(deadline) + key, _INDEX_VALUE.pack(kind, len(new)), self._index_handle)
+        batch.put(_BY_DEADLINE + kind + _TIME.pack(deadline) + key, _INDEX_VALUE.pack(kind, len(new)),
+                  self._index_handle)
+        if kind in EntryKind.PENDING:
+            batch.put(_event_prefix(kind, run_of(key)) + _TIME.pack(event_ms) + key, b"", self._index_handle)
         self.stats.add(kind, len(new), +1)
 
     def _count(self) -> PartitionStats:
         # Bounded by what is pending (fps x TTL) plus markers, so a scan at open is cheap.
         stats = PartitionStats()
-        for value in self._index.values():
+        for index_key, value in self._index.items(from_key=_BY_DEADLINE):
+            if not index_key.startswith(_BY_DEADLINE):
+                break
             kind, length = _INDEX_VALUE.unpack(value)
             stats.add(kind, length, +1)
         return stats
 
 
-def _describe(value: Optional[bytes]) -> Optional[tuple[bytes, int, int]]:
-    """(kind, deadline, length) of a stored value: all the index needs to find and count it."""
+def _describe(value: Optional[bytes]) -> Optional[_Described]:
     if value is None:
         return None
-    return (*peek_deadline(value), len(value))
+    return (*peek_times(value), len(value))
 
 
 class JoinStore(faust_rocksdb.Store):
@@ -226,18 +294,19 @@ class JoinStore(faust_rocksdb.Store):
             by_partition.setdefault(message.partition, []).append((message.key, message.value))
             offsets[message.tp] = max(message.offset, offsets.get(message.tp, -1))
         for number, changes in by_partition.items():
-            self.partition(number).replay(changes)
+            self.partition(number).write_many(changes)
         for tp, offset in offsets.items():
             self.set_persisted_offset(tp, offset)
 
-    def write(self, partition: int, key: bytes, value: Optional[bytes]) -> None:
-        """A write outside any event (the sweeper); the caller sends the changelog record."""
-        self.partition(partition).write(key, value)
+    def write_many(self, partition: int, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
+        """Writes outside any event (the join's batches and sweeps); the caller sends the
+        changelog records."""
+        self.partition(partition).write_many(changes)
 
     def _event_partition(self) -> int:
         event = current_event()
         if event is None:
-            raise RuntimeError("join store written outside an event; use write(partition, ...)")
+            raise RuntimeError("join store written outside an event; use write_many(partition, ...)")
         return event.message.partition
 
     def disk_bytes(self) -> int:

@@ -1,10 +1,14 @@
-"""The join window: a changelogged Faust table whose entries expire by their own deadline.
+"""The join window: a changelogged Faust table whose entries leave when their partner cannot come.
 
 Faust's windowed tables expire from an in-memory heap that restarts empty, delete without writing
-tombstones, and judge age by record timestamps. This window instead keeps each entry's deadline
-in the entry and in the store's on-disk index, and expires from that index on a timer, writing the
-changelog record for every expiry itself (R3, R4). Reads and writes from agents go through the
-Faust table, so they are changelogged and partitioned exactly as Faust does it.
+tombstones, and judge age by the wall clock at consumption. This window keeps each entry's times
+in the entry and in the store's on-disk index, and expires by the data (DESIGN R3): a pending side
+leaves once the other side of its partition has been read past its event time + TTL, or once that
+side is caught up and the TTL has passed since the entry was stored. It writes the changelog
+record of every change itself (R4).
+
+One writer at a time: the join's batches and its sweeps both hold :attr:`JoinWindow.lock` from
+deciding to writing, so an entry can never be joined by one and expired by the other.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional
 import faust
 from faust.stores import STORES
 
-from streamapp.tables.entry import Entry
+from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.memory import RocksMemory
+from streamapp.tables.progress import ReadProgress
+from streamapp.tables.transaction import JoinTransaction
 
 STORE_SCHEME = "streamapp-join"
 STORES.aliases.setdefault(STORE_SCHEME, "streamapp.tables.store:JoinStore")
@@ -25,7 +31,10 @@ STORE_URL = f"{STORE_SCHEME}://"
 
 # Expired entries are handled in batches of this many, yielding to the event loop in between, so
 # a large backlog (after a long stall or restart) never blocks heartbeats or the agents.
-SWEEP_BATCH = 64
+SWEEP_BATCH = 256
+# Which input a pending side waits for: frames wait for results (side 1), results for frames (0).
+_WAITS_FOR = {EntryKind.FRAME: 1, EntryKind.RESULT: 0}
+_MARKERS = (EntryKind.JOINED, EntryKind.EXPIRED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +49,7 @@ DueHandler = Callable[[bytes, Entry, int], Awaitable[DueOutcome]]
 
 
 class JoinWindow:
-    """Entries keyed by join key, each living until its deadline, durable through the changelog."""
+    """Entries keyed by join key, each living until its partner cannot come, durable through the changelog."""
 
     def __init__(
         self,
@@ -63,40 +72,53 @@ class JoinWindow:
             standby_buffer_size=recovery_buffer_size,
         )
         self.memory = memory
+        self.lock = asyncio.Lock()
 
-    # Inside an agent's event: partition and changelog come from the event, as Faust does it.
-    def get(self, key: bytes) -> Optional[Entry]:
-        value = self.table.get(key)
+    def get(self, partition: int, key: bytes) -> Optional[Entry]:
+        value = self.table.data.partition(partition).get(key)
         return None if value is None else Entry.decode(value)
 
-    def put(self, key: bytes, entry: Entry) -> None:
-        self.table[key] = entry.encode()
+    def transaction(self) -> JoinTransaction:
+        return JoinTransaction(self)
 
-    async def sweep(self, now_ms: int, on_due: DueHandler) -> int:
-        """Expire every entry due at ``now_ms`` in the partitions this worker owns.
+    def write(self, partition: int, changes: list[tuple[bytes, Optional[bytes]]]) -> None:
+        """Store ``changes`` in one atomic batch and send their changelog records."""
+        self.table.data.write_many(partition, changes)
+        for key, value in changes:
+            self.table.send_changelog(partition, key, value)
 
-        ``on_due(key, entry, partition)`` decides what replaces the entry (a marker, or None to
-        delete it) and may emit output. Entries change only once what they emitted is delivered:
-        a worker killed in between emits it again after restart instead of losing it (R12).
-        """
+    async def expire(self, now_ms: int, ttl_ms: int, progress: ReadProgress, on_due: DueHandler) -> int:
+        """Expire, in the partitions this worker owns, every entry whose partner can no longer
+        arrive, and every marker past its deadline. Call it holding :attr:`lock`."""
+
+        def due(number: int, partition) -> list[tuple[bytes, bytes]]:
+            kinds = [*_MARKERS, *(kind for kind, side in _WAITS_FOR.items() if progress.caught_up(side, number))]
+            found = partition.due_by_deadline(kinds, now_ms, SWEEP_BATCH)
+            for kind, side in _WAITS_FOR.items():
+                found += partition.due_by_event(kind, progress.side(side, number).read_past, ttl_ms, SWEEP_BATCH)
+            return list(dict(found).items())  # an entry due by both rules leaves once
+
+        return await self._expire_each(due, on_due)
+
+    async def shed(self, deadline_ms: int, on_due: DueHandler) -> int:
+        """Expire early every entry with a deadline at or before ``deadline_ms`` (disk budget)."""
+        return await self._expire_each(
+            lambda number, partition: partition.due_by_deadline(EntryKind.ALL, deadline_ms, SWEEP_BATCH), on_due)
+
+    async def _expire_each(self, due: Callable[[int, Any], list[tuple[bytes, bytes]]], on_due: DueHandler) -> int:
+        """Entries change only once what they emitted is delivered: a worker killed in between
+        emits it again after restart instead of losing it (R12)."""
         store = self.table.data
         expired = 0
         for number, partition in list(store.active_partitions()):
-            while True:
-                due = partition.expired(now_ms, SWEEP_BATCH)
-                outcomes = [await on_due(key, Entry.decode(value), number) for key, value in due]
+            while batch := due(number, partition):
+                outcomes = [await on_due(key, Entry.decode(value), number) for key, value in batch]
                 await asyncio.gather(*(outcome.delivery for outcome in outcomes if outcome.delivery))
                 if not store.still_owns(number, partition):
                     break  # revoked while delivering: its new owner expires these entries
-                for (key, value), outcome in zip(due, outcomes):
-                    if partition.get(key) != value:
-                        continue  # the agent completed or replaced the entry while we waited
-                    encoded = None if outcome.replacement is None else outcome.replacement.encode()
-                    partition.write(key, encoded)
-                    self.table.send_changelog(number, key, encoded)
-                expired += len(due)
-                if len(due) < SWEEP_BATCH:
-                    break
+                self.write(number, [(key, None if outcome.replacement is None else outcome.replacement.encode())
+                                    for (key, _), outcome in zip(batch, outcomes)])
+                expired += len(batch)
                 await asyncio.sleep(0)
         return expired
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+from aiokafka import AIOKafkaProducer
+
 from streamapp import wire
 from streamapp.agents.source import new_epoch, synthetic_frames
 from streamapp.publisher import FramePublisher
 from streamapp.settings import Settings
+from streamapp.topics import max_record_bytes, topic_names
 
 
 async def publish_frames(settings: Settings, stream: str, count: int, *, seed: int) -> list[wire.FrameId]:
@@ -16,3 +22,64 @@ async def publish_frames(settings: Settings, stream: str, count: int, *, seed: i
             await publisher.publish(frame)
         await publisher.flush()
     return [frame.id for frame in frames]
+
+
+def pair_records(stream: str, count: int, *, start_ms: int, fps: float = 15.0, images: int = 8,
+                 size: tuple[int, int] = (320, 240)) -> list[tuple[wire.Frame, bytes, bytes, int]]:
+    """``count`` frames of a new epoch of ``stream`` captured at ``fps`` from ``start_ms``, each with
+    its (empty) result: (frame, encoded frame, encoded result, capture time). A few distinct
+    images are reused under new ids."""
+    epoch = new_epoch()
+    pictures = [frame.jpeg for frame, _ in synthetic_frames(stream, epoch, images, *size, seed=3)]
+    pairs = []
+    for index in range(count):
+        timestamp = start_ms + round(index * 1000 / fps)
+        frame = wire.Frame(wire.FrameId(stream, epoch, index), timestamp, size[0], size[1], pictures[index % images])
+        result = wire.Detections(frame.id, (), "test", 1.0, size[0], size[1])
+        pairs.append((frame, wire.encode_frame(frame), wire.encode_detections(result), timestamp))
+    return pairs
+
+
+async def send_pairs(settings: Settings, pairs, *, results: str = "beside", rate: float | None = None) -> None:
+    """Publish frame/result pairs, each record's Kafka timestamp its frame's capture time.
+
+    ``results``: "beside" (each result right after its frame), "after" (every result after all
+    the frames) or "none". ``rate``: pairs per second, None for as fast as the broker takes them.
+    """
+    names = topic_names(settings)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, linger_ms=5,
+                                max_request_size=max_record_bytes(settings), max_batch_size=1024**2)
+    await producer.start()
+    try:
+        started = time.monotonic()
+        for number, (frame, frame_value, result_value, timestamp) in enumerate(pairs):
+            if rate:
+                await asyncio.sleep(max(0.0, started + number / rate - time.monotonic()))
+            key = frame.id.bucket_key(settings.bucket_size)
+            await producer.send(names["frames"], frame_value, key=key, timestamp_ms=timestamp)
+            if results == "beside":
+                await producer.send(names["detections"], result_value, key=key, timestamp_ms=timestamp)
+        if results == "after":
+            for frame, _, result_value, timestamp in pairs:
+                await producer.send(names["detections"], result_value,
+                                    key=frame.id.bucket_key(settings.bucket_size), timestamp_ms=timestamp)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def send_at(settings: Settings, schedule) -> None:
+    """Publish ``(seconds from now, "frames" | "detections", key, value, timestamp_ms)`` records,
+    each at its time."""
+    names = topic_names(settings)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, linger_ms=0,
+                                max_request_size=max_record_bytes(settings), max_batch_size=1024**2)
+    await producer.start()
+    try:
+        started = time.monotonic()
+        for at_s, role, key, value, timestamp in sorted(schedule, key=lambda item: item[0]):
+            await asyncio.sleep(max(0.0, started + at_s - time.monotonic()))
+            await producer.send(names[role], value, key=key, timestamp_ms=timestamp)
+        await producer.flush()
+    finally:
+        await producer.stop()

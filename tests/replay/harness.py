@@ -215,12 +215,12 @@ def expected_counts(scenario: Scenario, prediction: replay.Prediction) -> dict[s
 
 
 def sent_sides(sent: list[replay.Sent]) -> tuple[dict, dict]:
-    """First copy of every frame sent (value, Kafka timestamp) and of every result (decoded)."""
+    """First copy of every frame sent (value, when sent) and of every result (decoded)."""
     frames, results = {}, {}
     for item in sent:
         decoded = wire.decode(item.record.value)
         if isinstance(decoded, wire.Frame):
-            frames.setdefault(decoded.id, (decoded, item.timestamp_ms))
+            frames.setdefault(decoded.id, (decoded, item.sent_ms))
         else:
             results.setdefault(decoded.id, decoded)
     return frames, results
@@ -257,18 +257,42 @@ def judge_outputs(outcome: Outcome, prediction: replay.Prediction) -> list[str]:
     return problems
 
 
-def unmatched_ages_s(outcome: Outcome) -> list[float]:
-    """For each frame out unmatched: from when it was sent to when the worker emitted it."""
-    frames, _ = sent_sides(outcome.sent)
-    return [(output.timestamp_ms - frames[output.joined.frame.id][1]) / 1000
-            for output in outcome.outputs
-            if not output.joined.matched and output.joined.frame.id in frames]
+@dataclasses.dataclass(frozen=True)
+class Departure:
+    """When an unmatched frame was sent and left, and the earliest it may leave: TTL after it
+    was sent, or once a result of its camera on its partition with an event time past the
+    frame's + TTL was sent (its own result can no longer arrive), whichever is first."""
+
+    sent_ms: int
+    left_ms: int
+    earliest_ms: int
+
+
+def unmatched_departures(outcome: Outcome, ttl_s: float) -> list[Departure]:
+    ttl_ms = round(ttl_s * 1000)
+    frames = {}
+    results_sent = collections.defaultdict(list)  # (partition, stream) -> [(event ms, sent ms)]
+    for item in outcome.sent:
+        decoded = wire.decode(item.record.value)
+        if isinstance(decoded, wire.Frame):
+            frames.setdefault(decoded.id, item)
+        else:
+            results_sent[(item.partition, decoded.id.stream)].append((item.timestamp_ms, item.sent_ms))
+    departures = []
+    for output in outcome.outputs:
+        sent = frames.get(output.joined.frame.id)
+        if output.joined.matched or sent is None:
+            continue
+        passed = [sent_ms for event_ms, sent_ms in results_sent[(sent.partition, output.joined.frame.id.stream)]
+                  if event_ms > sent.timestamp_ms + ttl_ms]
+        departures.append(Departure(sent.sent_ms, output.timestamp_ms, min([sent.sent_ms + ttl_ms, *passed])))
+    return departures
 
 
 def consumer_lag_s(consumed: list[tuple[int, int]], baseline: int, sent: list[replay.Sent]) -> float:
     """The longest the worker was behind: at each sample, the age of the oldest record sent but not
     yet consumed (by count; the worker's own counters say how many it has consumed)."""
-    times = sorted(item.timestamp_ms for item in sent)
+    times = sorted(item.sent_ms for item in sent)
     lags = [at - times[done - baseline] for at, done in consumed
             if 0 <= done - baseline < len(times) and times[done - baseline] <= at]
     return max(lags, default=0) / 1000
@@ -276,7 +300,7 @@ def consumer_lag_s(consumed: list[tuple[int, int]], baseline: int, sent: list[re
 
 def most_sent_within(sent: list[replay.Sent], window_s: float) -> int:
     """The most records sent in any window of ``window_s``: all that can be pending at once."""
-    times = sorted(item.timestamp_ms for item in sent)
+    times = sorted(item.sent_ms for item in sent)
     most, start = 0, 0
     for end, at in enumerate(times):
         while at - times[start] > window_s * 1000:

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from harness import (COUNTERS, SCENARIOS, SLACK_S, JoinedReader, Outcome, Sampler, counter_delta, counter_values,
-                     expected_counts, join_settings, plan_for, sent_sides, start_join, to_pipeline,
+                     expected_counts, join_settings, plan_for, sent_sides, start_join, to_pipeline, unmatched_departures,
                      wait_until)
 from streamapp import replay
 from streamapp.agents.sink import frame_path
@@ -150,16 +150,14 @@ def test_pending_entries_expire_on_time_after_restarts(kafka_bootstrap, tmp_path
             assert outcome.counts == expected_counts(scenario, prediction)
             unmatched = {o.joined.frame.id for o in outcome.outputs if not o.joined.matched}
             assert unmatched == prediction.unmatched
-            # Each pending frame leaves at its own deadline (sent + TTL at the earliest), or as
-            # soon as the restarted worker has its partitions back if that is later.
+            # Each pending frame leaves once its partner can no longer arrive (TTL after it was
+            # sent, or once its side's results were sent past its event time + TTL), and no later
+            # than its deadline, or than the restarted worker having its partitions back.
             ttl_ms, sweep_ms = settings.join_ttl_s * 1000, settings.sweep_interval_s * 1000
-            frames, _ = sent_sides(outcome.sent)
-            for output in outcome.outputs:
-                if not output.joined.matched:
-                    sent_ms = frames[output.joined.frame.id][1]
-                    assert output.timestamp_ms >= sent_ms + ttl_ms, "expired before its deadline"
-                    due_ms = max(sent_ms + ttl_ms, recovered_at_ms)
-                    assert output.timestamp_ms <= due_ms + sweep_ms + SLACK_S * 1000, "expired late"
+            for departure in unmatched_departures(outcome, settings.join_ttl_s):
+                assert departure.left_ms >= departure.earliest_ms, ("expired before its partner was due", departure)
+                due_ms = max(departure.sent_ms + ttl_ms, recovered_at_ms)
+                assert departure.left_ms <= due_ms + sweep_ms + SLACK_S * 1000, ("expired late", departure)
     finally:
         join.stop()
 

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from harness import (SCENARIOS, SLACK_S, expected_counts, join_settings, judge_outputs, most_sent_within,
-                     plan_for, run_scenario, start_join, to_pipeline, unmatched_ages_s)
+                     plan_for, run_scenario, start_join, to_pipeline, unmatched_departures)
 from streamapp import replay
 from streamapp.scenario import Scenario
 
@@ -45,12 +45,16 @@ def test_scenario(path, join_worker):
 
     assert outcome.counts == expected_counts(scenario, prediction)
     assert judge_outputs(outcome, prediction) == []
-    # Each frame that leaves unmatched lived its TTL from when it was sent (so at least from when
-    # it was stored), and no longer than TTL + one sweep interval after it was stored, which is
-    # at most the worker's consumer lag after it was sent.
+    # Each frame that leaves unmatched left no earlier than its partner could no longer arrive
+    # (TTL after it was sent, or once its side's results were sent past its event time + TTL),
+    # and no later than TTL + one sweep interval after it was stored, which is at most the
+    # worker's consumer lag after it was sent.
     ttl, sweep, lag = settings.join_ttl_s, settings.sweep_interval_s, outcome.lag_s
-    ages = unmatched_ages_s(outcome)
-    assert all(ttl <= age <= lag + ttl + sweep + SLACK_S for age in ages), (min(ages), max(ages), lag)
+    departures = unmatched_departures(outcome, ttl)
+    early = [d for d in departures if d.left_ms < d.earliest_ms]
+    assert not early, f"{len(early)} frames left before their partner could no longer arrive: {early[:3]}"
+    late = [d for d in departures if d.left_ms - d.sent_ms > (lag + ttl + sweep + SLACK_S) * 1000]
+    assert not late, f"{len(late)} frames left late (lag {lag:.1f} s): {late[:3]}"
     # Pending state holds no more than what arrived within TTL + sweep, and drains to zero once
     # both inputs are idle.
     assert outcome.max_pending_entries <= most_sent_within(outcome.sent, lag + ttl + sweep + SLACK_S)

@@ -32,10 +32,10 @@ class Window:
     def active_partitions(self):
         return enumerate(self.partitions)
 
-    async def sweep(self, now_ms, on_due) -> int:
+    async def shed(self, deadline_ms, on_due) -> int:
         expired = 0
         for partition in self.partitions:
-            for key, _ in partition.expired(now_ms, limit=10**6):
+            for key, _ in partition.due_by_deadline(EntryKind.ALL, deadline_ms, limit=10**6):
                 partition.write(key, None)
                 expired += 1
         return expired

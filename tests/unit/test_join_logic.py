@@ -1,10 +1,9 @@
-"""The join decision (R1, R2) over a plain dict state: no broker, no store; and the held writes
-that change the state only after the output is delivered (R12)."""
+"""The join decision (R1, R2) over a plain dict state: no broker, no store."""
 
 import pytest
 
 from streamapp import wire
-from streamapp.agents.join import CHANGELOG_ROOM_BYTES, HeldWrites, Joiner, check_fits
+from streamapp.agents.join import CHANGELOG_ROOM_BYTES, Joiner, check_fits
 from streamapp.tables.entry import Entry, EntryKind
 
 TTL_MS = 5_000
@@ -35,9 +34,9 @@ def joiner():
 
 def test_frame_then_result_joins_once_and_leaves_a_marker():
     state, join = DictState(), joiner()
-    assert join.on_frame(state, *frame(7), now_ms=0) is None
+    assert join.arrive(state, *frame(7), event_ms=0, now_ms=0) is None
     box = wire.Box("red", 0.9, 1, 2, 3, 4)
-    joined = join.on_result(state, *result(7, boxes=[box]), now_ms=10)
+    joined = join.arrive(state, *result(7, boxes=[box]), event_ms=0, now_ms=10)
     assert joined.frame.id == wire.FrameId("cam", 1, 7)
     assert joined.detections.boxes == (box,)
     assert state[b"cam:1:7"] == Entry(EntryKind.JOINED, 10 + MARKER_MS)
@@ -46,34 +45,34 @@ def test_frame_then_result_joins_once_and_leaves_a_marker():
 
 def test_result_first_then_frame_joins():
     state, join = DictState(), joiner()
-    assert join.on_result(state, *result(3), now_ms=0) is None
-    joined = join.on_frame(state, *frame(3), now_ms=4_999)
+    assert join.arrive(state, *result(3), event_ms=0, now_ms=0) is None
+    joined = join.arrive(state, *frame(3), event_ms=0, now_ms=4_999)
     assert joined.matched and joined.frame.jpeg == JPEG
 
 
 def test_duplicates_on_both_sides_are_counted_and_never_emitted():
     state, join = DictState(), joiner()
-    join.on_frame(state, *frame(1), now_ms=0)
-    assert join.on_frame(state, *frame(1), now_ms=1) is None
-    assert join.on_result(state, *result(1), now_ms=2) is not None
-    assert join.on_result(state, *result(1), now_ms=3) is None
-    assert join.on_frame(state, *frame(1), now_ms=4) is None
+    join.arrive(state, *frame(1), event_ms=0, now_ms=0)
+    assert join.arrive(state, *frame(1), event_ms=0, now_ms=1) is None
+    assert join.arrive(state, *result(1), event_ms=0, now_ms=2) is not None
+    assert join.arrive(state, *result(1), event_ms=0, now_ms=3) is None
+    assert join.arrive(state, *frame(1), event_ms=0, now_ms=4) is None
     assert (join.counts.joined, join.counts.duplicates) == (1, 3)
 
 
 def test_expired_frame_leaves_unmatched_and_a_late_result_is_counted_late():
     state, join = DictState(), joiner()
-    join.on_frame(state, *frame(5), now_ms=0)
+    join.arrive(state, *frame(5), event_ms=0, now_ms=0)
     replacement, unmatched = join.on_due(state[b"cam:1:5"], now_ms=TTL_MS)
     assert unmatched.frame.id.index == 5 and not unmatched.matched
     state.put(b"cam:1:5", replacement)
-    assert join.on_result(state, *result(5), now_ms=TTL_MS + 1) is None
+    assert join.arrive(state, *result(5), event_ms=0, now_ms=TTL_MS + 1) is None
     assert (join.counts.unmatched_frames, join.counts.late_results) == (1, 1)
 
 
 def test_expired_result_is_an_orphan_and_is_deleted():
     state, join = DictState(), joiner()
-    join.on_result(state, *result(9), now_ms=0)
+    join.arrive(state, *result(9), event_ms=0, now_ms=0)
     replacement, unmatched = join.on_due(state[b"cam:1:9"], now_ms=TTL_MS)
     assert replacement is None and unmatched is None
     assert join.counts.orphan_results == 1
@@ -87,34 +86,18 @@ def test_markers_expire_silently():
 
 def test_epochs_and_streams_never_join_each_other():
     state, join = DictState(), joiner()
-    join.on_frame(state, *frame(0, epoch=1), now_ms=0)
-    join.on_frame(state, *frame(0, stream="other", epoch=1), now_ms=0)
-    assert join.on_result(state, *result(0, epoch=2), now_ms=1) is None
-    assert join.on_result(state, *result(0, stream="third", epoch=1), now_ms=1) is None
+    join.arrive(state, *frame(0, epoch=1), event_ms=0, now_ms=0)
+    join.arrive(state, *frame(0, stream="other", epoch=1), event_ms=0, now_ms=0)
+    assert join.arrive(state, *result(0, epoch=2), event_ms=0, now_ms=1) is None
+    assert join.arrive(state, *result(0, stream="third", epoch=1), event_ms=0, now_ms=1) is None
     assert join.counts.joined == 0
     assert len(state) == 4
 
 
-def test_a_completed_join_leaves_the_pending_entry_until_applied():
+def test_a_waiting_side_keeps_its_event_time_and_its_deadline_on_the_workers_clock():
     state, join = DictState(), joiner()
-    join.on_frame(state, *frame(3), now_ms=0)
-    held = HeldWrites(state)
-    assert join.on_result(held, *result(3), now_ms=5) is not None
-    assert state[b"cam:1:3"].kind == EntryKind.FRAME  # killed now: the redelivered result joins again
-    assert join.on_result(HeldWrites(state), *result(3), now_ms=6) is not None
-    held.apply()
-    assert state[b"cam:1:3"].kind == EntryKind.JOINED
-    assert join.on_result(HeldWrites(state), *result(3), now_ms=7) is None
-
-
-def test_held_writes_read_their_own_writes():
-    state, join = DictState(), joiner()
-    held = HeldWrites(state)
-    join.on_frame(held, *frame(4), now_ms=0)
-    assert b"cam:1:4" not in state
-    assert join.on_result(held, *result(4), now_ms=1) is not None
-    held.apply()
-    assert state[b"cam:1:4"].kind == EntryKind.JOINED and not held.held
+    join.arrive(state, *frame(2), event_ms=1_700_000_000_123, now_ms=50)
+    assert state[b"cam:1:2"] == Entry(EntryKind.FRAME, 50 + TTL_MS, frame(2)[1], 1_700_000_000_123)
 
 
 def test_records_the_changelog_would_refuse_are_wire_errors():

@@ -1,12 +1,14 @@
-"""The join store's partition layer on real RocksDB: entries and the expiry index move together."""
+"""The join store's partition layer on real RocksDB: entries and both expiry orderings move together."""
 
 import pytest
 
-from streamapp.tables.entry import Entry, EntryKind
+from streamapp.tables.entry import HEADER_BYTES, Entry, EntryKind
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.store import EXPIRY_FAMILY, JoinPartition
 
 import rocksdict
+
+TTL_MS = 5_000
 
 
 @pytest.fixture
@@ -24,35 +26,57 @@ def open_partition(tmp_path):
     opened[-1].close()
 
 
-def entry(deadline, payload=b"x" * 100, kind=EntryKind.FRAME):
-    return Entry(kind, deadline, payload).encode()
+def entry(deadline, payload=b"x" * 100, kind=EntryKind.FRAME, event_ms=0):
+    return Entry(kind, deadline, payload, event_ms).encode()
 
 
-def test_expired_returns_due_entries_in_deadline_order(open_partition):
+def keys(found):
+    return [key for key, _ in found]
+
+
+def test_due_by_deadline_returns_due_entries_of_the_kinds_asked_in_deadline_order(open_partition):
     partition = open_partition()
-    partition.write(b"b", entry(200))
-    partition.write(b"a", entry(100))
-    partition.write(b"c", entry(300))
-    assert [key for key, _ in partition.expired(now_ms=250, limit=10)] == [b"a", b"b"]
-    assert [key for key, _ in partition.expired(now_ms=250, limit=1)] == [b"a"]
+    partition.write(b"cam:1:2", entry(200))
+    partition.write(b"cam:1:1", entry(100))
+    partition.write(b"cam:1:3", entry(300))
+    partition.write(b"cam:1:4", entry(150, b"", EntryKind.JOINED))
+    assert keys(partition.due_by_deadline([EntryKind.FRAME], now_ms=250, limit=10)) == [b"cam:1:1", b"cam:1:2"]
+    assert keys(partition.due_by_deadline([EntryKind.FRAME], now_ms=250, limit=1)) == [b"cam:1:1"]
+    assert keys(partition.due_by_deadline([EntryKind.RESULT, EntryKind.JOINED], now_ms=250, limit=10)) == [b"cam:1:4"]
+
+
+def test_due_by_event_follows_each_camera_runs_own_progress(open_partition):
+    """Two cameras a minute apart on one partition, and a restarted camera: each run's entries
+    leave by its own partner's progress, never by another clock."""
+    partition = open_partition()
+    for index in range(5):
+        partition.write(f"fast:1:{index}".encode(), entry(10**9, event_ms=60_000 + index * 1_000))
+        partition.write(f"slow:1:{index}".encode(), entry(10**9, event_ms=index * 1_000))
+        partition.write(f"slow:2:{index}".encode(), entry(10**9, event_ms=index * 1_000))
+    read_past = {b"fast:1": 60_000 + 2_000 + TTL_MS + 1, b"slow:1": 1_000 + TTL_MS + 1}.get
+    due = keys(partition.due_by_event(EntryKind.FRAME, read_past, TTL_MS, limit=100))
+    assert sorted(due) == [b"fast:1:0", b"fast:1:1", b"fast:1:2", b"slow:1:0", b"slow:1:1"]
+    assert partition.due_by_event(EntryKind.RESULT, read_past, TTL_MS, limit=100) == []
+    assert partition.due_by_event(EntryKind.FRAME, {}.get, TTL_MS, limit=100) == []  # nothing read yet
 
 
 def test_overwrite_moves_the_index_and_delete_removes_it(open_partition):
     partition = open_partition()
-    partition.write(b"k", entry(100))
+    partition.write(b"k", entry(100, event_ms=7))
     partition.write(b"k", Entry(EntryKind.JOINED, 1_000).encode())
-    assert partition.expired(now_ms=500, limit=10) == []
-    assert partition.stats.entries == 1 and partition.stats.bytes == 9
+    assert partition.due_by_deadline(EntryKind.ALL, now_ms=500, limit=10) == []
+    assert partition.due_by_event(EntryKind.FRAME, lambda stream: 10**12, TTL_MS, limit=10) == []
+    assert partition.stats.entries == 1 and partition.stats.bytes == HEADER_BYTES
     partition.write(b"k", None)
-    assert partition.expired(now_ms=10_000, limit=10) == []
+    assert partition.due_by_deadline(EntryKind.ALL, now_ms=10_000, limit=10) == []
     assert (partition.stats.entries, partition.stats.bytes) == (0, 0)
 
 
-def test_replay_applies_changelog_order_within_one_batch(open_partition):
+def test_write_many_applies_changes_in_order_within_one_batch(open_partition):
     partition = open_partition()
-    partition.replay([(b"k", entry(100)), (b"k", entry(400)), (b"j", entry(50)), (b"j", None)])
-    assert [key for key, _ in partition.expired(now_ms=1_000, limit=10)] == [b"k"]
-    assert partition.expired(now_ms=399, limit=10) == []
+    partition.write_many([(b"k", entry(100)), (b"k", entry(400)), (b"j", entry(50)), (b"j", None)])
+    assert keys(partition.due_by_deadline(EntryKind.ALL, now_ms=1_000, limit=10)) == [b"k"]
+    assert partition.due_by_deadline(EntryKind.ALL, now_ms=399, limit=10) == []
     assert partition.stats.entries == 1
 
 
@@ -63,5 +87,6 @@ def test_reopening_recounts_pending_state_from_the_index(open_partition):
     partition.close()
     reopened = open_partition()
     assert reopened.stats.entries == 10
-    assert reopened.stats.bytes == 10 * (1000 + 9)
+    assert reopened.stats.bytes == 10 * (1000 + HEADER_BYTES)
     assert reopened.oldest_deadline_ms() == 0
+    assert [deadline for deadline, _ in reopened.by_deadline()] == list(range(10))

@@ -72,8 +72,8 @@ def test_join_latency_is_how_long_the_first_side_waited():
     frame_id = FrameId("cam", 1, 0)
     frame = Frame(frame_id, 1_700_000_000_000, 8, 8, b"\xff\xd8jpeg")
     result = Detections(frame_id, (), "test", 1.0, 8, 8)
-    joiner.on_result(_DictState(state), result, encode_detections(result), now_ms=10_000)
-    joiner.on_frame(_DictState(state), frame, b"frame", now_ms=10_250)
+    joiner.arrive(_DictState(state), result, encode_detections(result), event_ms=0, now_ms=10_000)
+    joiner.arrive(_DictState(state), frame, b"frame", event_ms=0, now_ms=10_250)
     assert (joiner.latency.count, joiner.latency.sum) == (1, 0.25)
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import rocksdict
 
-from streamapp.tables.entry import Entry, EntryKind
+from streamapp.tables.entry import HEADER_BYTES, Entry, EntryKind
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.store import EXPIRY_FAMILY, JoinPartition
 from streamapp.tables.window import JoinWindow
@@ -34,7 +34,7 @@ def test_pending_totals_count_frames_and_results_but_not_markers(partition):
     put(partition, b"b", EntryKind.RESULT, 5_100, b"r" * 10)
     put(partition, b"c", EntryKind.JOINED, 60_000)
     stats = partition.stats
-    assert (stats.entries, stats.pending_entries, stats.pending_bytes) == (3, 2, 100 + 10 + 2 * 9)
+    assert (stats.entries, stats.pending_entries, stats.pending_bytes) == (3, 2, 100 + 10 + 2 * HEADER_BYTES)
     put(partition, b"a", EntryKind.JOINED, 61_000)  # the frame's result came
     partition.write(b"b", None)                      # the result expired as an orphan
     assert (stats.entries, stats.pending_entries, stats.pending_bytes) == (2, 0, 0)
@@ -58,7 +58,7 @@ def test_reopened_partition_recounts_pending_totals(tmp_path):
     first.close()
     reopened = open_partition(tmp_path / "p0.db")
     try:
-        assert (reopened.stats.pending_entries, reopened.stats.pending_bytes) == (1, 109)
+        assert (reopened.stats.pending_entries, reopened.stats.pending_bytes) == (1, 100 + HEADER_BYTES)
         assert reopened.oldest_pending_deadline_ms() == 5_000
     finally:
         reopened.close()
@@ -88,9 +88,9 @@ def test_window_gauges_sum_owned_partitions_and_age_the_oldest_pending_entry(tmp
         window.memory = SimpleNamespace(usage_bytes=lambda: 2048)
         assert window.gauges(now_ms=7_000, ttl_ms=5_000) == {
             "join_state_entries": 3,
-            "join_state_bytes": 109 + 9 + 19,
+            "join_state_bytes": 100 + 10 + 3 * HEADER_BYTES,
             "join_pending_entries": 2,
-            "join_pending_bytes": 109 + 19,
+            "join_pending_bytes": 100 + 10 + 2 * HEADER_BYTES,
             "join_oldest_pending_age_seconds": 2.0,
             "join_next_expiry_seconds": 1.0,
             "rocksdb_disk_bytes": 4096,

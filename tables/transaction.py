@@ -1,0 +1,51 @@
+"""Writes of one join batch, held until what they imply has been delivered.
+
+The join decides a whole batch against the store plus the writes of the batch so far, sends its
+outputs, and only once they are delivered writes the entries (one atomic RocksDB batch per
+partition) and their changelog records. A worker killed in between sees the pending entries
+again when the input is redelivered, and emits again instead of finding a "joined" marker for a
+record that never left (R12). A pair that completes inside one batch is never written with its
+payload: only its marker reaches RocksDB and the changelog.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from streamapp.tables.entry import Entry
+
+if TYPE_CHECKING:
+    from streamapp.tables.window import JoinWindow
+
+
+class JoinTransaction:
+    def __init__(self, window: "JoinWindow") -> None:
+        self.window = window
+        self.held: dict[int, dict[bytes, Optional[Entry]]] = {}
+
+    def partition(self, number: int) -> "PartitionWrites":
+        return PartitionWrites(self, number)
+
+    def commit(self) -> None:
+        for number, writes in self.held.items():
+            self.window.write(number, [(key, None if entry is None else entry.encode())
+                                       for key, entry in writes.items()])
+        self.held.clear()
+
+
+class PartitionWrites:
+    """The JoinState of one partition inside a transaction."""
+
+    __slots__ = ("transaction", "number")
+
+    def __init__(self, transaction: JoinTransaction, number: int) -> None:
+        self.transaction, self.number = transaction, number
+
+    def get(self, key: bytes) -> Optional[Entry]:
+        held = self.transaction.held.get(self.number)
+        if held is not None and key in held:
+            return held[key]
+        return self.transaction.window.get(self.number, key)
+
+    def put(self, key: bytes, entry: Optional[Entry]) -> None:
+        self.transaction.held.setdefault(self.number, {})[key] = entry

@@ -1,0 +1,157 @@
+"""The join's answer depends on the data, never on how far behind the worker is (DESIGN R3).
+
+On the real broker, a join worker: started on a backlog, it joins every pair, also when every
+result was published after all the frames; fed faster than it keeps up, it marks no frame
+unmatched that has a result; cameras with clocks two minutes apart share a partition without
+expiring each other's frames; and with a silent, caught-up inference side it still frees each
+frame within TTL + sweep + 1 s. Without a crash, no frame ever comes out twice.
+"""
+
+import asyncio
+import os
+import random
+import time
+import uuid
+
+import pytest
+
+from streamapp.broker import free_port
+from streamapp.chaos import read_joined
+from streamapp.settings import Settings
+from streamapp.topics import ensure_topics
+from streamapp.workers import Worker, wait_until
+
+from publishing import pair_records, send_at, send_pairs
+
+pytestmark = pytest.mark.kafka
+
+BACKLOG_PAIRS = 5_000
+
+
+@pytest.fixture
+def join_settings(kafka_bootstrap, tmp_path):
+    def make(**overrides) -> Settings:
+        settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"tm-{uuid.uuid4().hex[:12]}.",
+                            stages=("join",), data_dir=tmp_path / "join", web_port=free_port(),
+                            memory_budget_bytes=512 * 1024**2).replace(**overrides)
+        asyncio.run(ensure_topics(settings, with_changelog=True))
+        return settings
+    return make
+
+
+@pytest.fixture
+def workers(tmp_path):
+    started = []
+
+    def start(settings: Settings) -> Worker:
+        log_dir = tmp_path / f"logs-{len(started)}"
+        log_dir.mkdir()
+        worker = Worker("join", settings, log_dir)
+        started.append(worker)
+        wait_until(worker.ready, 120, "the join worker to be ready")
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def drained(worker: Worker, frames: int, timeout_s: float = 300) -> dict:
+    """The worker's counters once every frame has left it and nothing is pending."""
+    def done():
+        stats = worker.stats()
+        out = stats["join_joined_total"] + stats["join_unmatched_frames_total"]
+        return stats if out >= frames and stats["join_pending_entries"] == 0 else None
+    return wait_until(done, timeout_s, f"{frames} frames to leave the join")
+
+
+def assert_each_frame_once(settings: Settings, pairs, *, outcome: str) -> None:
+    joined = asyncio.run(read_joined(settings))
+    ids = {frame.id for frame, *_ in pairs}
+    assert set(joined.copies) == ids
+    assert max(joined.copies.values()) == 1, "a frame came out twice"
+    wrong = [frame_id for frame_id, outcomes in joined.outcomes.items() if outcomes != {outcome}]
+    assert not wrong, f"{len(wrong)} frames not {outcome}, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize("results", ["beside", "after"])
+def test_a_backlog_joins_every_pair(join_settings, workers, results):
+    settings = join_settings()
+    pairs = pair_records("backlog", BACKLOG_PAIRS, start_ms=int(time.time() * 1000) - 600_000)
+    asyncio.run(send_pairs(settings, pairs, results=results))
+    stats = drained(workers(settings), BACKLOG_PAIRS)
+    assert stats["join_joined_total"] == BACKLOG_PAIRS, stats
+    assert stats["join_orphan_results_total"] == 0
+    assert_each_frame_once(settings, pairs, outcome="joined")
+
+
+def test_input_faster_than_the_worker_leaves_no_frame_falsely_unmatched(join_settings, workers):
+    settings = join_settings()
+    worker = workers(settings)
+    pairs = pair_records("overload", BACKLOG_PAIRS, start_ms=int(time.time() * 1000), fps=600)
+    asyncio.run(send_pairs(settings, pairs))  # unpaced: faster than one worker joins
+    stats = drained(worker, BACKLOG_PAIRS)
+    assert stats["join_unmatched_frames_total"] == 0, stats
+    assert_each_frame_once(settings, pairs, outcome="joined")
+
+
+def test_cameras_a_minute_either_way_share_a_partition_without_early_expiry(join_settings, workers):
+    settings = join_settings(partitions=1)
+    now = int(time.time() * 1000) - 300_000
+    ahead = pair_records("ahead", 1_000, start_ms=now + 60_000)
+    behind = pair_records("behind", 1_000, start_ms=now - 60_000)
+    interleaved = [pair for both in zip(ahead, behind) for pair in both]
+    asyncio.run(send_pairs(settings, interleaved))
+    stats = drained(workers(settings), len(interleaved))
+    assert stats["join_joined_total"] == len(interleaved), stats
+    assert_each_frame_once(settings, interleaved, outcome="joined")
+
+
+def test_a_silent_caught_up_inference_side_frees_frames_within_ttl_and_a_sweep(join_settings, workers):
+    settings = join_settings(join_ttl_s=2.0, sweep_interval_s=0.5, done_marker_ttl_s=10.0)
+    worker = workers(settings)
+    pairs = pair_records("silent", 60, start_ms=int(time.time() * 1000))
+    sent_at = time.time()
+    asyncio.run(send_pairs(settings, pairs, results="none", rate=30))
+    first_out = wait_until(lambda: worker.stats()["join_unmatched_frames_total"] > 0 and time.time(), 30,
+                           "the first unmatched frame")
+    stats = drained(worker, len(pairs), timeout_s=30)
+    all_out = time.time()
+    bound = settings.join_ttl_s + settings.sweep_interval_s + 1.0
+    assert first_out - sent_at <= bound + 1.0  # + the stats poll
+    assert all_out - (sent_at + len(pairs) / 30) <= bound + 1.0
+    assert stats["join_unmatched_frames_total"] == len(pairs)
+    assert_each_frame_once(settings, pairs, outcome="unmatched")
+
+
+RACE_FRAMES = int(os.environ.get("STREAMAPP_RACE_FRAMES", "300"))  # 1000 for the full check
+RACE_RUNS = int(os.environ.get("STREAMAPP_RACE_RUNS", "2"))  # and 10
+
+
+@pytest.mark.parametrize("run", range(RACE_RUNS))
+def test_results_around_the_deadline_leave_each_frame_exactly_once(join_settings, workers, run):
+    """Results sent within ±1.5 s of their frame's deadline: each frame leaves once, joined or
+    unmatched, never both, and every result is joined or counted late."""
+    settings = join_settings(join_ttl_s=2.0, sweep_interval_s=0.5, done_marker_ttl_s=20.0)
+    worker = workers(settings)
+    pairs = pair_records(f"race{run}", RACE_FRAMES, start_ms=int(time.time() * 1000), fps=50)
+    jitter = random.Random(run)
+    schedule = []
+    for number, (frame, frame_value, result_value, timestamp) in enumerate(pairs):
+        key, sent_s = frame.id.bucket_key(settings.bucket_size), number / 50
+        schedule.append((sent_s, "frames", key, frame_value, timestamp))
+        schedule.append((sent_s + settings.join_ttl_s + jitter.uniform(-1.5, 1.5), "detections", key,
+                         result_value, timestamp))
+    asyncio.run(send_at(settings, schedule))
+    drained(worker, RACE_FRAMES, timeout_s=60)
+    stats = wait_until(lambda: (stats := worker.stats())["join_results_in_total"] >= RACE_FRAMES and stats, 30,
+                       "every result to reach the join")
+    joined, unmatched = stats["join_joined_total"], stats["join_unmatched_frames_total"]
+    print(f"\nrace run {run}: frames={RACE_FRAMES} joined={joined} unmatched={unmatched} "
+          f"late={stats['join_late_results_total']}")
+    assert joined + unmatched == RACE_FRAMES, stats
+    assert joined + stats["join_late_results_total"] == RACE_FRAMES, stats
+    assert 0 < joined < RACE_FRAMES, stats  # the results did land on both sides of the deadline
+    contents = asyncio.run(read_joined(settings))
+    assert len(contents.copies) == RACE_FRAMES and max(contents.copies.values()) == 1
+    assert all(len(outcomes) == 1 for outcomes in contents.outcomes.values())
