@@ -1,7 +1,7 @@
 """``streamapp bench infer``: how fast YOLOv3-tiny infers, alone and as infer workers on a broker.
 
-Two numbers per network input size: the detector's time per frame in this process (one frame
-per call, no broker), and the frames per second that ``--workers`` infer worker processes get
+Two numbers per network input size: the detector's median time per frame in this process (one
+frame per call, no broker), and the frames per second that ``--workers`` infer worker processes get
 through a backlog of the clip's scaled frames. The backlog is made first (a resize worker scales
 every frame before the infer workers start), so only inference is timed.
 """
@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -69,11 +70,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _detector_ms(detector: YoloDetector, frames) -> float:
+    """The median time per frame, one frame per call: robust to other work on a shared machine."""
     infer_frame(frames[0], detector)  # the first pass allocates the network's buffers
-    started = time.perf_counter()
+    times = []
     for frame in frames:
+        started = time.perf_counter()
         infer_frame(frame, detector)
-    return (time.perf_counter() - started) * 1000 / len(frames)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
 
 
 def _workers_fps(settings: Settings, video: Path, frames: int, count: int, out: Path) -> float:
