@@ -1,9 +1,12 @@
-"""Inference stage: detectors that need no downloaded weights, and the per-frame step around them.
+"""Inference stage: the detectors, and the step around them that turns scaled frames into results.
 
 A detector is any object with a ``name`` and ``detect(image, frame_id)`` returning box-likes
 (``label, score, x, y, w, h`` in the pixels of ``image``). ``frame_id`` lets a stateful detector
-keep one model per stream run; stateless ones ignore it. :func:`infer_frame` decodes the scaled
-frame, runs the detector and maps the boxes back to the original frame's pixels.
+keep one model per stream run; stateless ones ignore it. A detector that also has
+``detect_batch(images, aspect_ratios)`` (the original frames' width / height, which scaled
+images may not keep) gets several frames in one call when frames are waiting (YOLO runs them as
+one network pass). :func:`infer_frames` decodes the scaled frames, runs the detector and maps
+the boxes back to the original frames' pixels.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import dataclasses
 import importlib
 import math
 import time
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import cv2
 import numpy as np
 
-from streamapp import wire
+from streamapp import assets, wire
 from streamapp.metrics import INFER_LATENCY_BOUNDS
 from streamapp.imaging import CorruptFrame, decode_frame
+from streamapp.settings import Settings
 from streamapp.wire import Box, Detections, Frame, FrameId
 
 
@@ -171,17 +175,104 @@ class HogPeopleDetector:
                 if weight > self.min_weight]
 
 
-BUILTIN_DETECTORS = {
-    ColorContourDetector.name: ColorContourDetector,
-    MotionDetector.name: MotionDetector,
-    HogPeopleDetector.name: HogPeopleDetector,
+class YoloDetector:
+    """YOLOv3-tiny (COCO, 80 classes) through OpenCV DNN, from the files ``streamapp model`` fetched.
+
+    The network takes a square input of ``input_size`` pixels. Each frame is letterboxed into it
+    at its original aspect ratio (the resize stage scales to an exact size, so a wide video
+    arrives squeezed; stretched people and bicycles are missed). Non-maximum suppression runs per
+    class, so a person on a bicycle keeps both boxes.
+    """
+
+    name = "yolo"
+    PAD = 128  # the grey Darknet fills letterbox bars with
+
+    def __init__(self, *, input_size: int = 416, confidence: float = 0.25, nms: float = 0.45,
+                 classes: Sequence[str] = ()) -> None:
+        weights, config, names = (assets.locate(asset) for asset in assets.MODEL)
+        self.labels = tuple(line.strip() for line in names.read_text().splitlines() if line.strip())
+        unknown = [label for label in classes if label not in self.labels]
+        if unknown:
+            raise DetectorError(f"STREAMAPP_YOLO_CLASSES: {', '.join(map(repr, unknown))} not among "
+                                f"the COCO classes of {names}: {', '.join(self.labels)}")
+        self._wanted = np.array([label in classes for label in self.labels]) if classes else None
+        self.input_size, self.confidence, self.nms = input_size, confidence, nms
+        self._net = cv2.dnn.readNetFromDarknet(str(config), str(weights))
+        self._outputs = self._net.getUnconnectedOutLayersNames()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "YoloDetector":
+        return cls(input_size=settings.yolo_input, confidence=settings.yolo_confidence,
+                   nms=settings.yolo_nms, classes=settings.yolo_classes)
+
+    def detect(self, image: np.ndarray, frame_id: FrameId) -> list[Box]:
+        return self.detect_batch([image], [image.shape[1] / image.shape[0]])[0]
+
+    def detect_batch(self, images: Sequence[np.ndarray], aspect_ratios: Sequence[float]) -> list[list[Box]]:
+        """The boxes of each image, from one pass of the network over all of them.
+
+        ``aspect_ratios`` are the width / height of each image's original frame.
+        """
+        placements = [self._placement(image, ratio) for image, ratio in zip(images, aspect_ratios)]
+        canvases = [self._letterboxed(image, placement) for image, placement in zip(images, placements)]
+        self._net.setInput(cv2.dnn.blobFromImages(canvases, 1 / 255.0, swapRB=True, crop=False))
+        del canvases
+        # One array per YOLO output layer: rows of (cx, cy, w, h, objectness, 80 class scores),
+        # relative to the input; batched as (images, rows, 85), or (rows, 85) for one image.
+        layers = [layer.reshape(len(images), -1, layer.shape[-1]) for layer in self._net.forward(self._outputs)]
+        return [self._boxes(np.concatenate([layer[number] for layer in layers]), image, placement)
+                for number, (image, placement) in enumerate(zip(images, placements))]
+
+    def _placement(self, image: np.ndarray, aspect_ratio: float) -> tuple[int, int, int, int]:
+        """Where the image goes on the square input: left, top, width, height."""
+        size = self.input_size
+        width, height = (size, max(1, round(size / aspect_ratio))) if aspect_ratio >= 1 else \
+            (max(1, round(size * aspect_ratio)), size)
+        return (size - width) // 2, (size - height) // 2, width, height
+
+    def _letterboxed(self, image: np.ndarray, placement: tuple[int, int, int, int]) -> np.ndarray:
+        left, top, width, height = placement
+        canvas = np.full((self.input_size, self.input_size, 3), self.PAD, np.uint8)
+        canvas[top:top + height, left:left + width] = cv2.resize(image, (width, height),
+                                                                 interpolation=cv2.INTER_LINEAR)
+        return canvas
+
+    def _boxes(self, rows: np.ndarray, image: np.ndarray, placement: tuple[int, int, int, int]) -> list[Box]:
+        scores = rows[:, 5:]
+        class_ids = scores.argmax(axis=1)
+        confidences = scores[np.arange(len(rows)), class_ids]
+        keep = confidences >= self.confidence
+        if self._wanted is not None:
+            keep &= self._wanted[class_ids]
+        rows, class_ids, confidences = rows[keep], class_ids[keep], confidences[keep]
+        # Input-relative centres and sizes -> pixels of the image, axis by axis.
+        left, top, width, height = placement
+        to_image = (image.shape[1] / width, image.shape[0] / height)
+        sizes = rows[:, 2:4] * self.input_size * to_image
+        corners = (rows[:, 0:2] * self.input_size - (left, top)) * to_image - sizes / 2
+        rects = np.concatenate([corners, sizes], axis=1).tolist()
+        chosen = cv2.dnn.NMSBoxesBatched(rects, confidences.tolist(), class_ids.tolist(),
+                                         self.confidence, self.nms) if rects else ()
+        return [Box(self.labels[class_ids[i]], float(confidences[i]), *(round(v) for v in rects[i]))
+                for i in np.ravel(chosen)]
+
+
+BUILTIN_DETECTORS: dict[str, Callable[[Settings], Detector]] = {
+    ColorContourDetector.name: lambda settings: ColorContourDetector(),
+    MotionDetector.name: lambda settings: MotionDetector(),
+    HogPeopleDetector.name: lambda settings: HogPeopleDetector(),
+    YoloDetector.name: YoloDetector.from_settings,
 }
 
 
-def load_detector(spec: str) -> Detector:
-    """A built-in detector by name, or ``"package.module:ClassName"`` instantiated with no arguments."""
+def load_detector(spec: str, settings: Settings | None = None) -> Detector:
+    """A built-in detector by name (configured by ``settings``), or ``"package.module:ClassName"``
+    instantiated with no arguments."""
     if spec in BUILTIN_DETECTORS:
-        return BUILTIN_DETECTORS[spec]()
+        try:
+            return BUILTIN_DETECTORS[spec](settings or Settings())
+        except assets.AssetError as exc:
+            raise DetectorError(f"detector {spec!r}: {exc}") from None
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
         raise DetectorError(f"detector {spec!r}: expected one of {', '.join(BUILTIN_DETECTORS)} "
@@ -208,23 +299,61 @@ def load_detector(spec: str) -> Detector:
 def infer_frame(frame: Frame, detector: Detector) -> Detections:
     """Detections for a (usually scaled) frame, in the pixels of the original frame.
 
-    ``latency_ms`` covers decode, detection and mapping: what this stage spends on the frame.
-    Raises CorruptFrame for an undecodable JPEG.
+    Raises CorruptFrame for an undecodable JPEG, and whatever the detector raises.
+    """
+    result = infer_frames([frame], detector)[0]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections | Exception]:
+    """:func:`infer_frame` for several frames in one detector call where the detector batches.
+
+    Each frame gets its detections or the exception that cost it them: an undecodable frame
+    fails alone; a detector that raises fails the frames it was given. ``latency_ms`` is the
+    whole call (decode, detection, mapping): how long each frame of it waited for its result.
+    The decoded images live only in this call.
     """
     started = time.perf_counter()
-    found = _detect(frame, detector)
+    results: list[Detections | Exception | None] = [None] * len(frames)
+    images, decoded = [], []
+    for position, frame in enumerate(frames):
+        try:
+            images.append(decode_frame(frame))
+            decoded.append(position)
+        except CorruptFrame as exc:
+            results[position] = exc
+    try:
+        found = _detect_all(detector, images, [frames[position] for position in decoded])
+    except Exception as exc:  # noqa: BLE001 - a plugin's failure is the frames', never the worker's
+        found = [exc] * len(decoded)
+    del images
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    for position, boxes in zip(decoded, found):
+        results[position] = boxes if isinstance(boxes, Exception) else _detections(
+            frames[position], boxes, detector.name, elapsed_ms)
+    return results
+
+
+def _detect_all(detector: Detector, images: list[np.ndarray], frames: list[Frame]) -> list[Sequence[BoxLike]]:
+    if not images:
+        return []
+    batch = getattr(detector, "detect_batch", None)
+    if batch is not None:
+        return batch(images, [(frame.source_width or frame.width) / (frame.source_height or frame.height)
+                              for frame in frames])
+    return [detector.detect(image, frame.id) for image, frame in zip(images, frames)]
+
+
+def _detections(frame: Frame, found: Sequence[BoxLike], detector_name: str, latency_ms: float) -> Detections:
+    """The boxes found on a scaled frame, in the pixels of its original."""
     width = frame.source_width or frame.width
     height = frame.source_height or frame.height
     scale_x, scale_y = width / frame.width, height / frame.height
     boxes = tuple(box for box in (_to_original(raw, scale_x, scale_y, width, height) for raw in found)
                   if box is not None)
-    return Detections(frame.id, boxes, detector.name, (time.perf_counter() - started) * 1000.0,
-                      width, height)
-
-
-def _detect(frame: Frame, detector: Detector) -> Sequence[BoxLike]:
-    # The decoded image lives only in this call.
-    return detector.detect(decode_frame(frame), frame.id)
+    return Detections(frame.id, boxes, detector_name, latency_ms, width, height)
 
 
 def _to_original(box: BoxLike, scale_x: float, scale_y: float, width: int, height: int) -> Box | None:
@@ -248,33 +377,49 @@ def _clip_span(start: float, end: float, limit: int) -> tuple[int, int]:
     return first, last
 
 
+# The longest a frame waits for others to share its detector call: a small part of a frame
+# interval at 15 fps. Frames already waiting fill a batch at once.
+BATCH_WAIT_S = 0.01
+
+
 def register(stage) -> None:
     """Faust agent: ``frames.scaled`` -> ``detections``, detection on the pixel thread.
 
-    A detector that raises on one frame (a plugin's bug, a frame it cannot handle) costs that
-    frame a dead letter, never the worker.
+    The agent takes what is buffered, up to ``STREAMAPP_INFER_BATCH`` frames, so a detector that
+    batches runs bigger batches exactly when it is behind. A detector that raises (a plugin's
+    bug, a frame it cannot handle) costs those frames a dead letter, never the worker.
     """
-    settings, topics = stage.settings, stage.topics
-    detector = load_detector(settings.detector)
+    detector = load_detector(stage.settings.detector, stage.settings)
     latency = stage.metrics.histogram("infer_latency_seconds", INFER_LATENCY_BOUNDS)
-    stage.metrics.declare("infer_frames_in_total", "infer_results_total")
+    stage.metrics.declare("infer_frames_in_total", "infer_results_total", "infer_batches_total")
 
-    @stage.app.agent(topics.scaled, name="infer")
+    @stage.app.agent(stage.topics.scaled, name="infer")
     async def infer(stream):
-        async for event in stream.events():
-            stage.metrics.inc("infer_frames_in_total")
-            try:
-                scaled = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
-                detections = await stage.offload(infer_frame, scaled, detector)
-                value = wire.encode_detections(detections)
-                latency.observe(detections.latency_ms / 1000)
-            except (wire.WireError, CorruptFrame) as exc:
-                await stage.dead_letters.send(event, stage="infer", reason=str(exc))
-                continue
-            except Exception as exc:  # noqa: BLE001 - see the docstring
-                await stage.dead_letters.send(event, stage="infer", reason=f"{detector.name}: {exc!r}")
-                continue
-            if await stage.dead_letters.emit(event, stage="infer", topic=topics.detections,
-                                             key=scaled.id.bucket_key(settings.bucket_size), value=value,
-                                             timestamp=event.message.timestamp):
-                stage.metrics.inc("infer_results_total")
+        async for events in stream.take_events(stage.settings.infer_batch, within=BATCH_WAIT_S):
+            await _infer_events(stage, detector, latency, events)
+
+
+async def _infer_events(stage, detector: Detector, latency, events) -> None:
+    settings, topics = stage.settings, stage.topics
+    stage.metrics.inc("infer_frames_in_total", len(events))
+    readable = []
+    for event in events:
+        try:
+            readable.append((event, wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)))
+        except wire.WireError as exc:
+            await stage.dead_letters.send(event, stage="infer", reason=str(exc))
+    if not readable:
+        return
+    results = await stage.offload(infer_frames, [scaled for _, scaled in readable], detector)
+    stage.metrics.inc("infer_batches_total")
+    for (event, scaled), result in zip(readable, results):
+        if isinstance(result, Exception):
+            reason = str(result) if isinstance(result, CorruptFrame) else f"{detector.name}: {result!r}"
+            await stage.dead_letters.send(event, stage="infer", reason=reason)
+            continue
+        latency.observe(result.latency_ms / 1000)
+        if await stage.dead_letters.emit(event, stage="infer", topic=topics.detections,
+                                         key=scaled.id.bucket_key(settings.bucket_size),
+                                         value=wire.encode_detections(result),
+                                         timestamp=event.message.timestamp):
+            stage.metrics.inc("infer_results_total")

@@ -244,15 +244,15 @@ def register(stage) -> None:
         deliveries = []
         decided_at = now_ms()
         for event in events:
+            message = event.message
+            progress.passed(message.topic, message.partition, message.offset)
             try:
                 record = decode(event)
             except wire.WireError as exc:
                 await stage.dead_letters.send(event, stage="join", reason=exc.reason)
                 continue
-            message = event.message
             event_ms = event_time_ms(message)
-            progress.observe(message.topic, message.partition, run_of(record.id.join_key()), event_ms,
-                             message.offset)
+            progress.observe(message.topic, message.partition, run_of(record.id.join_key()), event_ms)
             joined = joiner.arrive(transaction.partition(message.partition), record, event.value,
                                    event_ms=event_ms, now_ms=decided_at)
             if joined is not None:

@@ -306,7 +306,8 @@ class VideoAssemblers:
 def contact_sheet(image_paths: Sequence[str | Path], columns: int = 4, tile_width: int = 320) -> np.ndarray:
     """The images as tiles of ``tile_width`` in a grid, left to right, top to bottom.
 
-    Tiles take the aspect ratio of the first image; images are read one at a time.
+    Tiles take the aspect ratio of the first image; others keep theirs, centred on black.
+    Images are read one at a time.
     """
     if not image_paths:
         raise ValueError("a contact sheet needs at least one image")
@@ -320,8 +321,11 @@ def contact_sheet(image_paths: Sequence[str | Path], columns: int = 4, tile_widt
             tile_height = max(1, round(tile_width * image.shape[0] / image.shape[1]))
             sheet = np.zeros((rows * tile_height, columns * tile_width, 3), np.uint8)
         row, column = divmod(position, columns)
-        sheet[row * tile_height:(row + 1) * tile_height, column * tile_width:(column + 1) * tile_width] = \
-            cv2.resize(image, (tile_width, tile_height), interpolation=cv2.INTER_AREA)
+        scale = min(tile_width / image.shape[1], tile_height / image.shape[0])
+        width, height = max(1, round(image.shape[1] * scale)), max(1, round(image.shape[0] * scale))
+        top = row * tile_height + (tile_height - height) // 2
+        left = column * tile_width + (tile_width - width) // 2
+        sheet[top:top + height, left:left + width] = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
     return sheet
 
 

@@ -2,9 +2,10 @@
 
 Faust's ``Stream.take_events`` counts records (a batch of 4K frames would be gigabytes) and holds a
 part-full batch for its whole timeout. Here a batch closes as soon as it is full, in bytes or
-records, or the stream buffer has nothing more waiting: under load batches grow, at a trickle a
-record is handled at once. Events are acked only when the code consuming the batch is done with
-it, so offsets commit after the batch's outputs (at-least-once).
+records, or ``linger_s`` after the stream buffer first had nothing more waiting: under load
+batches grow, at a trickle a record waits at most the linger. Events are acked only when the
+code consuming the batch is done with it, so offsets commit after the batch's outputs
+(at-least-once).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from faust.types import EventT, StreamT
 from streamapp.budget import event_bytes
 
 
-async def take_batches(stream: StreamT, *, max_bytes: int, max_events: int,
+async def take_batches(stream: StreamT, *, max_bytes: int, max_events: int, linger_s: float = 0.005,
                        idle_s: float = 1.0) -> AsyncIterator[list[EventT]]:
+    loop = asyncio.get_running_loop()
     batch: list[EventT] = []
     size = 0
+    linger: asyncio.TimerHandle | None = None
     ready = asyncio.Event()        # hand the batch over now
     handed_over = asyncio.Event()  # the consumer is done with it
     accepting = asyncio.Event()    # clear while the consumer holds a batch
@@ -28,17 +31,19 @@ async def take_batches(stream: StreamT, *, max_bytes: int, max_events: int,
     waiting = getattr(stream.channel, "queue", None)
 
     async def add(value: Any) -> Any:
-        nonlocal size
+        nonlocal size, linger
         await accepting.wait()
         event = stream.current_event
         if event is None:
             raise RuntimeError("batched stream has no current event")
         batch.append(event)
         size += event_bytes(event)
-        if size >= max_bytes or len(batch) >= max_events or waiting is None or waiting.empty():
+        if size >= max_bytes or len(batch) >= max_events:
             handed_over.clear()
             ready.set()
             await stream.wait(handed_over)
+        elif linger is None and (waiting is None or waiting.empty()):
+            linger = loop.call_later(linger_s, ready.set)
         return value
 
     acks_before = stream.enable_acks
@@ -58,6 +63,9 @@ async def take_batches(stream: StreamT, *, max_bytes: int, max_events: int,
                     await stream.ack(event)
                 batch.clear()
                 size = 0
+                if linger is not None:
+                    linger.cancel()
+                    linger = None
                 ready.clear()
                 accepting.set()
                 handed_over.set()

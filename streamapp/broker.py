@@ -156,7 +156,7 @@ def copy_maven_dependencies(pom: bytes, home: Path, *, what: str, expected_jar: 
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BrokerError(f"cannot create the jar cache {home}: {exc} ({cache_hint})") from None
-    with _file_lock(home / ".lock"):
+    with file_lock(home / ".lock"):
         if _jars_complete(libs, digest):
             return libs
         mvn = shutil.which("mvn")
@@ -198,7 +198,7 @@ def _jars_complete(libs: Path, digest: str) -> bool:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

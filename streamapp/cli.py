@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from streamapp import chaos, replay_commands
+from streamapp import assets, chaos, replay_commands
 from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
-from streamapp.bench import join_command, soak_command
+from streamapp.bench import infer as infer_bench, join_command, soak_command
 from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, BrokerError,
                               LocalBroker, default_data_dir, kafka_home)
 from streamapp.settings import Settings, SettingsError, parse_stream_id
@@ -34,7 +34,8 @@ class CommandError(RuntimeError):
     """A subcommand failed in an expected way; the message is shown as is."""
 
 
-EXPECTED_ERRORS: tuple[type[Exception], ...] = (CommandError, BrokerError, SettingsError, UnitError, TopicError)
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (CommandError, BrokerError, SettingsError, UnitError, TopicError,
+                                                assets.AssetError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,32 +186,63 @@ def run_produce(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# streamapp model / streamapp samples: fetch pinned files once into the cache
+
+
+def fetch_command(name: str, files: Sequence[assets.Asset], what: str) -> Command:
+    """A command that fetches ``files`` (when missing or corrupt) and prints where they are."""
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.description = (f"Fetch {what} once into {assets.assets_home()} (set "
+                              f"STREAMAPP_ASSETS_HOME to move it), checked against pinned sha256 "
+                              f"sums, each with its origin and license in <file>.ORIGIN.txt.")
+
+    def run(args: argparse.Namespace) -> int:
+        for path in assets.ensure(files, notify=_note):
+            print(path)
+        return 0
+
+    return Command(name, f"fetch {what} (once) and print where they are", configure, run)
+
+
+# --------------------------------------------------------------------------------------------
 # streamapp demo
 
 
 def configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Run the whole pipeline on a local broker (started if none listens on "
-                          "--port), publish synthetic streams, check every frame came out exactly "
-                          "once with the right boxes, and write videos, contact_sheet.png and "
-                          "summary.json to --out.")
-    parser.add_argument("--streams", type=count_arg, default=2, help="streams (default 2)")
-    parser.add_argument("--frames", type=count_arg, default=300, help="frames per stream (default 300)")
-    parser.add_argument("--size", type=resolution_arg, default=(640, 480), help="default 640x480")
-    parser.add_argument("--fps", type=fps_arg, default=15.0,
-                        help="per stream; 0 = as fast as possible (default 15)")
+                          "--port), one worker per stage: by default the two sample videos through "
+                          "YOLOv3-tiny (model and videos fetched first, see `streamapp model` and "
+                          "`streamapp samples`); with --synthetic, synthetic streams checked against "
+                          "their true boxes. Checks every frame came out exactly once and writes "
+                          "videos, contact_sheet.png and summary.json to --out.")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="synthetic scenes with known boxes and the colour detector (no downloads)")
+    parser.add_argument("--video", type=Path, action="append", dest="videos", default=[],
+                        help="a video to use instead of the samples (repeat for more streams)")
+    parser.add_argument("--streams", type=count_arg, default=2, help="synthetic streams (default 2)")
+    parser.add_argument("--frames", type=count_arg, default=300,
+                        help="frames per stream (default 300; a video may end sooner)")
+    parser.add_argument("--size", type=resolution_arg, default=(640, 480),
+                        help="synthetic frame size (default 640x480)")
+    parser.add_argument("--fps", type=fps_arg, default=None,
+                        help="per stream; 0 = as fast as possible (default: 15 synthetic, 3 for videos)")
     parser.add_argument("--out", type=Path, default=Path("out"), help="output folder (default out/)")
     parser.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"broker port (default {DEFAULT_PORT})")
-    parser.add_argument("--timeout", type=seconds_arg, default=300.0,
-                        help="seconds to wait for every frame to leave the join (default 300)")
+    parser.add_argument("--timeout", type=seconds_arg, default=600.0,
+                        help="seconds to wait for every frame to leave the join (default 600)")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from streamapp.demo import DemoFailed, DemoOptions, run_demo as demo
     from streamapp.workers import WorkerExited
 
+    if args.synthetic and args.videos:
+        raise CommandError("--synthetic and --video exclude each other")
     width, height = args.size
-    options = DemoOptions(streams=args.streams, frames=args.frames, width=width, height=height,
-                          fps=args.fps, out=args.out, broker_port=args.port, timeout_s=args.timeout)
+    options = DemoOptions(synthetic=args.synthetic, videos=tuple(args.videos), streams=args.streams,
+                          frames=args.frames, width=width, height=height, fps=args.fps, out=args.out,
+                          broker_port=args.port, timeout_s=args.timeout)
     try:
         summary = demo(options)
     except (DemoFailed, WorkerExited, TimeoutError) as exc:
@@ -228,6 +260,7 @@ BENCHES: list[Command] = [
             chaos.configure, chaos.run),
     Command("join", join_command.HELP, join_command.configure, join_command.run),
     Command("soak", soak_command.HELP, soak_command.configure, soak_command.run),
+    Command("infer", infer_bench.HELP, infer_bench.configure, infer_bench.run),
 ]
 
 
@@ -251,6 +284,8 @@ COMMANDS: list[Command] = [
     Command("topics", "create the pipeline's topics and check co-partitioning", configure_topics, run_topics),
     Command("produce", "publish a synthetic scene or a video file to the frames topic",
             configure_produce, run_produce),
+    fetch_command("model", assets.MODEL, "the YOLOv3-tiny model files (STREAMAPP_DETECTOR=yolo)"),
+    fetch_command("samples", assets.SAMPLES, "the sample videos (vtest.avi, bikes.mp4)"),
     Command("demo", "run the whole pipeline on a local broker and check the output", configure_demo, run_demo),
     Command("bench", "long-running measurements (chaos: crashes under load; join: against Kafka Streams; "
                      "soak: memory and disk)",

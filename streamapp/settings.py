@@ -8,6 +8,7 @@ validated when read; a bad one stops the process at start with the variable's na
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from pathlib import Path
@@ -61,6 +62,15 @@ class Settings:
     resize_height: int = 240
     jpeg_quality: int = 90
     detector: str = "color"
+    # YOLOv3-tiny (STREAMAPP_DETECTOR=yolo): square network input in pixels, the lowest class
+    # score kept, the overlap above which non-maximum suppression drops the weaker box, and the
+    # COCO classes kept (all when empty).
+    yolo_input: int = 416
+    yolo_confidence: float = 0.25
+    yolo_nms: float = 0.45
+    yolo_classes: tuple[str, ...] = ()
+    # Most frames the infer stage hands its detector at once when frames are waiting.
+    infer_batch: int = 4
     processing_guarantee: str = AT_LEAST_ONCE
     # Copies of every topic partition, changelogs included: 3 on a three-broker cluster.
     replication_factor: int = 1
@@ -96,6 +106,12 @@ class Settings:
         _require(self.resize_width >= 16 and self.resize_height >= 16,
                  "STREAMAPP_RESIZE must be at least 16x16")
         _require(0 < self.web_port < 65536, "STREAMAPP_WEB_PORT must be a TCP port")
+        # Darknet's YOLO downsamples by 32.
+        _require(self.yolo_input % 32 == 0 and 128 <= self.yolo_input <= 1024,
+                 f"STREAMAPP_YOLO_INPUT must be a multiple of 32 from 128 to 1024, got {self.yolo_input}")
+        _require(0 < self.yolo_confidence < 1, "STREAMAPP_YOLO_CONFIDENCE must be between 0 and 1 (exclusive)")
+        _require(0 < self.yolo_nms <= 1, "STREAMAPP_YOLO_NMS must be > 0 and at most 1")
+        _require(1 <= self.infer_batch <= 64, "STREAMAPP_INFER_BATCH must be 1..64")
         _require(self.processing_guarantee in PROCESSING_GUARANTEES,
                  f"STREAMAPP_PROCESSING_GUARANTEE must be one of {', '.join(PROCESSING_GUARANTEES)}")
 
@@ -158,10 +174,24 @@ def _int(raw: str, name: str) -> int:
         raise ValueError(f"{name} must be a whole number") from None
 
 
+def _float(raw: str, name: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number")
+    return value
+
+
+def _names(raw: str, name: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
 def _stages(raw: str, name: str) -> tuple[str, ...]:
     if raw.strip() == "all":
         return STAGES
-    return tuple(part.strip() for part in raw.split(",") if part.strip())
+    return _names(raw, name)
 
 
 def _size(raw: str, name: str) -> int:
@@ -213,6 +243,11 @@ _ENV = {
     "out_dir": ("STREAMAPP_OUT_DIR", _path),
     "web_port": ("STREAMAPP_WEB_PORT", _int),
     "detector": ("STREAMAPP_DETECTOR", _text),
+    "yolo_input": ("STREAMAPP_YOLO_INPUT", _int),
+    "yolo_confidence": ("STREAMAPP_YOLO_CONFIDENCE", _float),
+    "yolo_nms": ("STREAMAPP_YOLO_NMS", _float),
+    "yolo_classes": ("STREAMAPP_YOLO_CLASSES", _names),
+    "infer_batch": ("STREAMAPP_INFER_BATCH", _int),
     "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
     "processing_guarantee": ("STREAMAPP_PROCESSING_GUARANTEE", _text),
     "replication_factor": ("STREAMAPP_REPLICATION_FACTOR", _int),

@@ -40,8 +40,11 @@ class SideProgress:
     event_ms: "collections.OrderedDict[bytes, int]" = dataclasses.field(default_factory=collections.OrderedDict)
     forgotten_runs: int = 0
 
-    def observe(self, run: bytes, event_ms: int, offset: int) -> None:
+    def passed(self, offset: int) -> None:
+        """The record at ``offset`` was read, whatever it held (a bad record is read too)."""
         self.next_offset = offset + 1 if self.next_offset is None else max(self.next_offset, offset + 1)
+
+    def observe(self, run: bytes, event_ms: int) -> None:
         latest = self.event_ms.pop(run, None)
         self.event_ms[run] = event_ms if latest is None else max(latest, event_ms)
         if len(self.event_ms) > MAX_RUNS_PER_PARTITION:
@@ -83,8 +86,11 @@ class ReadProgress:
     def side_of(self, topic: str) -> int:
         return self.topics[topic]
 
-    def observe(self, topic: str, partition: int, run: bytes, event_ms: int, offset: int) -> None:
-        self.side(self.topics[topic], partition).observe(run, event_ms, offset)
+    def passed(self, topic: str, partition: int, offset: int) -> None:
+        self.side(self.topics[topic], partition).passed(offset)
+
+    def observe(self, topic: str, partition: int, run: bytes, event_ms: int) -> None:
+        self.side(self.topics[topic], partition).observe(run, event_ms)
 
     def side(self, side: int, partition: int) -> SideProgress:
         generation = self._generation()

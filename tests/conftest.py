@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from streamapp import assets
 from streamapp.broker import BrokerError, LocalBroker, free_port
 
 
@@ -48,3 +49,22 @@ def unique_topic(request):
     """A topic name no other test (or earlier run against the same broker) uses."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:100]
     return f"test-{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def model_files():
+    """The YOLOv3-tiny files, fetched into the cache (``streamapp model``) on first use."""
+    return _fetched(assets.MODEL)
+
+
+@pytest.fixture(scope="session")
+def sample_videos():
+    """``{name: path}`` of the sample videos, fetched into the cache (``streamapp samples``) on first use."""
+    return dict(zip((asset.name for asset in assets.SAMPLES), _fetched(assets.SAMPLES)))
+
+
+def _fetched(files):
+    try:
+        return assets.ensure(files)
+    except assets.AssetError as exc:
+        pytest.fail(f"cannot fetch {', '.join(asset.name for asset in files)}: {exc}", pytrace=False)

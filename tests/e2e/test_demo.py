@@ -13,8 +13,8 @@ pytestmark = pytest.mark.e2e
 
 def test_demo_outputs_every_frame_once_with_its_own_boxes(kafka_bootstrap, tmp_path):
     port = int(kafka_bootstrap.rsplit(":", 1)[1])
-    options = DemoOptions(streams=2, frames=40, fps=20.0, out=tmp_path / "out", broker_port=port,
-                          timeout_s=120)
+    options = DemoOptions(synthetic=True, streams=2, frames=40, fps=20.0, out=tmp_path / "out",
+                          broker_port=port, timeout_s=120)
     # A TTL well above the pipeline's latency on a loaded CI machine: this test is about the
     # join's correctness, the TTL path has tests of its own.
     summary = run_demo(options, Settings(join_ttl_s=15.0))

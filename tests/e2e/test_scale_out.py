@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
+from joined_reader import read_joined
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp import wire
@@ -72,25 +72,6 @@ async def publish(settings: Settings) -> set[wire.FrameId]:
     return produced
 
 
-async def joined_ids(settings: Settings, expected: int, timeout_s: float) -> Counter:
-    """Frame ids on the joined topic, read until ``expected`` distinct ones and a little longer."""
-    consumer = AIOKafkaConsumer(topic_names(settings)["joined"], bootstrap_servers=settings.bootstrap_servers,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    seen: Counter = Counter()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=1000)
-            for records in batches.values():
-                seen.update(wire.decode_joined(record.value).frame.id for record in records)
-            if len(seen) >= expected and not batches:
-                break  # complete, and one more second brought no duplicate
-    finally:
-        await consumer.stop()
-    return seen
-
-
 def metric_families(worker: Worker) -> dict:
     url = f"http://127.0.0.1:{worker.settings.web_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
@@ -125,7 +106,7 @@ def run(kafka_bootstrap, tmp_path_factory):
         wait_for(lambda: shared_evenly(workers, base.partitions), 90,
                  "each stage's partitions to be split between its two workers")
         produced = asyncio.run(publish(base))
-        yield Run(root, workers, produced, asyncio.run(joined_ids(base, len(produced), timeout_s=120)))
+        yield Run(root, workers, produced, Counter(asyncio.run(read_joined(base, len(produced), 120, keep=lambda joined: joined.frame.id))))
     finally:
         for worker in workers:
             worker.stop()

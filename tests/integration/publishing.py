@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from aiokafka import AIOKafkaProducer
@@ -46,39 +47,28 @@ async def send_pairs(settings: Settings, pairs, *, results: str = "beside", rate
     ``results``: "beside" (each result right after its frame), "after" (every result after all
     the frames) or "none". ``rate``: pairs per second, None for as fast as the broker takes them.
     """
-    names = topic_names(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, linger_ms=5,
-                                max_request_size=max_record_bytes(settings), max_batch_size=1024**2)
-    await producer.start()
-    try:
-        started = time.monotonic()
-        for number, (frame, frame_value, result_value, timestamp) in enumerate(pairs):
-            if rate:
-                await asyncio.sleep(max(0.0, started + number / rate - time.monotonic()))
-            key = frame.id.bucket_key(settings.bucket_size)
-            await producer.send(names["frames"], frame_value, key=key, timestamp_ms=timestamp)
-            if results == "beside":
-                await producer.send(names["detections"], result_value, key=key, timestamp_ms=timestamp)
-        if results == "after":
-            for frame, _, result_value, timestamp in pairs:
-                await producer.send(names["detections"], result_value,
-                                    key=frame.id.bucket_key(settings.bucket_size), timestamp_ms=timestamp)
-        await producer.flush()
-    finally:
-        await producer.stop()
+    schedule = []
+    for number, (frame, frame_value, result_value, timestamp) in enumerate(pairs):
+        at_s, key = number / rate if rate else 0.0, frame.id.bucket_key(settings.bucket_size)
+        schedule.append((at_s, "frames", key, frame_value, timestamp))
+        if results != "none":
+            schedule.append((at_s if results == "beside" else len(pairs) / (rate or math.inf), "detections",
+                             key, result_value, timestamp))
+    await send_at(settings, schedule, linger_ms=5)
 
 
-async def send_at(settings: Settings, schedule) -> None:
+async def send_at(settings: Settings, schedule, *, linger_ms: int = 0) -> None:
     """Publish ``(seconds from now, "frames" | "detections", key, value, timestamp_ms)`` records,
-    each at its time."""
+    each at its time (in the order given where times are equal)."""
     names = topic_names(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, linger_ms=0,
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, linger_ms=linger_ms,
                                 max_request_size=max_record_bytes(settings), max_batch_size=1024**2)
     await producer.start()
     try:
         started = time.monotonic()
         for at_s, role, key, value, timestamp in sorted(schedule, key=lambda item: item[0]):
-            await asyncio.sleep(max(0.0, started + at_s - time.monotonic()))
+            if at_s:
+                await asyncio.sleep(max(0.0, started + at_s - time.monotonic()))
             await producer.send(names[role], value, key=key, timestamp_ms=timestamp)
         await producer.flush()
     finally:

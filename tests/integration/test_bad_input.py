@@ -29,7 +29,8 @@ from streamapp.workers import Worker
 
 pytestmark = pytest.mark.kafka
 
-NOW_MS = 1_800_000_000_000
+# Capture times are Kafka timestamps, which the broker refuses more than an hour ahead of its clock.
+NOW_MS = int(time.time() * 1000)
 PREFIX = struct.Struct(">2sBcI")
 GOOD_FRAMES = 6
 

@@ -147,6 +147,8 @@ def test_results_around_the_deadline_leave_each_frame_exactly_once(join_settings
     stats = wait_until(lambda: (stats := worker.stats())["join_results_in_total"] >= RACE_FRAMES and stats, 30,
                        "every result to reach the join")
     joined, unmatched = stats["join_joined_total"], stats["join_unmatched_frames_total"]
+    print(f"\nrace run {run}: frames={RACE_FRAMES} joined={joined} unmatched={unmatched} "
+          f"late={stats['join_late_results_total']}")
     assert joined + unmatched == RACE_FRAMES, stats
     assert joined + stats["join_late_results_total"] == RACE_FRAMES, stats
     assert 0 < joined < RACE_FRAMES, stats  # the results did land on both sides of the deadline

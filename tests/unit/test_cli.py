@@ -80,3 +80,22 @@ def test_runtime_errors_exit_1_without_traceback(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"streamapp: error: port {port} on 127.0.0.1 is already in use")
     assert "Traceback" not in proc.stderr
+
+
+def test_samples_prints_the_cached_videos(capsys, sample_videos):
+    assert main(["samples"]) == 0
+    assert capsys.readouterr().out.split() == [str(path) for path in sample_videos.values()]
+
+
+def test_a_fetch_that_fails_is_an_error_without_traceback(capsys, monkeypatch, tmp_path):
+    home = tmp_path / "not-a-directory"
+    home.write_text("")
+    monkeypatch.setenv("STREAMAPP_ASSETS_HOME", str(home))
+    assert main(["model"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("streamapp: error: cannot create the cache") and "STREAMAPP_ASSETS_HOME" in err
+
+
+def test_demo_synthetic_and_video_exclude_each_other(capsys, tmp_path):
+    assert main(["demo", "--synthetic", "--video", str(tmp_path / "a.mp4")]) == 1
+    assert "--synthetic and --video exclude each other" in capsys.readouterr().err

@@ -168,7 +168,7 @@ def test_load_detector_from_a_plugin_module(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("yolo", "expected one of color, motion, hog"),
+    ("yolov5", "expected one of color, motion, hog, yolo"),
     ("streamapp.agents.infer", "import path"),
     ("no_such_package.detectors:Thing", "cannot import 'no_such_package.detectors'"),
     ("streamapp.agents.infer:Nothing", "has no class 'Nothing'"),

@@ -89,6 +89,13 @@ def test_defaults_are_valid_and_empty_environment_gives_defaults():
     ("STREAMAPP_STAGES", "resize,crop"),
     ("STREAMAPP_RESIZE", "320by240"),
     ("STREAMAPP_TOPIC_PREFIX", "bad prefix/"),
+    ("STREAMAPP_YOLO_INPUT", "400"),
+    ("STREAMAPP_YOLO_INPUT", "4096"),
+    ("STREAMAPP_YOLO_CONFIDENCE", "1.5"),
+    ("STREAMAPP_YOLO_CONFIDENCE", "nan"),
+    ("STREAMAPP_YOLO_NMS", "0"),
+    ("STREAMAPP_YOLO_NMS", "half"),
+    ("STREAMAPP_INFER_BATCH", "0"),
 ])
 def test_bad_values_are_rejected_with_the_variable_name(variable, value):
     with pytest.raises(SettingsError) as info:
@@ -117,13 +124,20 @@ def test_stages_all_and_lists():
     assert Settings().group_id == "streamapp-all"
 
 
+def test_yolo_classes_are_a_comma_list():
+    assert Settings.from_env({"STREAMAPP_YOLO_CLASSES": " person, car ,"}).yolo_classes == ("person", "car")
+    assert Settings.from_env({}).yolo_classes == ()
+
+
 def test_a_customised_settings_round_trips_through_the_environment():
     settings = Settings(
         broker="kafka://kafka:9092", app_id="cam", topic_prefix="site1.", stages=("resize", "sink"),
         partitions=8, bucket_size=30, join_ttl_s=2.5, sweep_interval_s=0.25, done_marker_ttl_s=120.0,
         max_frame_bytes=8 * MIB, memory_budget_bytes=512 * MIB, input_retention_s=600.0,
         input_retention_bytes=3 * 1024**3, data_dir=Path("/var/lib/streamapp"), out_dir=Path("results"),
-        web_port=6067, resize_width=640, resize_height=480, jpeg_quality=75, detector="hog",
+        web_port=6067, resize_width=640, resize_height=480, jpeg_quality=75, detector="yolo",
+        yolo_input=320, yolo_confidence=0.4, yolo_nms=0.5, yolo_classes=("person", "traffic light"),
+        infer_batch=8,
     )
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings.from_env(Settings().to_env()) == Settings()
@@ -157,6 +171,11 @@ def settings(draw):
         resize_height=draw(st.integers(16, 4096)),
         jpeg_quality=draw(st.integers(1, 100)),
         detector=draw(names),
+        yolo_input=draw(st.integers(4, 32)) * 32,
+        yolo_confidence=draw(st.integers(1, 99)) / 100,
+        yolo_nms=draw(st.integers(1, 100)) / 100,
+        yolo_classes=tuple(draw(st.lists(names, max_size=3))),
+        infer_batch=draw(st.integers(1, 64)),
     )
 
 
