@@ -380,12 +380,14 @@ async def wait_ready(running: Running, label: str) -> None:
 
 
 async def wait_drained(outputs: Outputs, expected: int, quiet_s: float, timeout_s: float) -> bool:
-    """Until ``expected`` pairs are out (True), or nothing came out for ``quiet_s``, or
-    ``timeout_s`` passed (False)."""
+    """Until ``expected`` pairs are out (True), or nothing more came out for ``quiet_s``, or
+    ``timeout_s`` passed (False). Silence before the system's first output is not an end: it
+    may read a whole backlog before it emits anything."""
     began = time.monotonic()
     while outputs.pairs < expected:
         now = time.monotonic()
-        if now - max(outputs.last_at or began, began) > quiet_s or now - began > timeout_s:
+        quiet = outputs.last_at is not None and now - max(outputs.last_at, began) > quiet_s
+        if quiet or now - began > timeout_s:
             return False
         await asyncio.sleep(0.1)
     return True
