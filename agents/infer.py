@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 
 from streamapp import assets, wire
+from streamapp.errors import UsageError
 from streamapp.metrics import INFER_LATENCY_BOUNDS
 from streamapp.imaging import CorruptFrame, decode_frame
 from streamapp.settings import Settings
@@ -43,7 +44,7 @@ class Detector(Protocol):
     def detect(self, image: np.ndarray, frame_id: FrameId) -> Sequence[BoxLike]: ...
 
 
-class DetectorError(ValueError):
+class DetectorError(UsageError, ValueError):
     """A detector spec that does not name a loadable detector."""
 
 

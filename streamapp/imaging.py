@@ -10,6 +10,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from streamapp.errors import StreamappError
 from streamapp.wire import Frame
 
 _START = b"\xff\xd8"
@@ -20,7 +21,7 @@ _START_OF_FRAME = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE = frozenset(range(0xD0, 0xD9)) | {0x01}
 
 
-class CorruptFrame(ValueError):
+class CorruptFrame(StreamappError, ValueError):
     """JPEG bytes that cannot be decoded into the image they claim to be."""
 
 
