@@ -137,7 +137,8 @@ class Settings:
             try:
                 values[field] = parse(raw, variable)
             except (UnitError, ValueError) as exc:
-                raise SettingsError(f"{variable}={raw!r}: {exc}") from None
+                reason = str(exc).removeprefix(f"{variable}: ").removeprefix(f"{variable} ")
+                raise SettingsError(f"{variable}={raw!r}: {reason}") from None
         if env.get("STREAMAPP_RESIZE"):
             try:
                 values["resize_width"], values["resize_height"] = parse_resolution(

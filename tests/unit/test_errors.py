@@ -99,3 +99,24 @@ def test_no_maven_for_missing_jars_exits_5(tmp_path, monkeypatch):
     proc = run_cli("broker", "start", "--port", str(free_port()),
                    env=broker_env(tmp_path, bin_dir_with(tmp_path, "java")))
     assert_one_line_error(proc, ExitCode.NO_MAVEN, "Maven (`mvn`) is not installed", "install Maven")
+
+
+@pytest.mark.parametrize("setting, phrase", [
+    ("STREAMAPP_JOIN_TTL=-5s", "STREAMAPP_JOIN_TTL='-5s': '-5s' is negative; a duration must be positive"),
+    ("STREAMAPP_MEMORY_BUDGET=512M", "unit 'M' in '512M' is ambiguous"),
+    ("STREAMAPP_STAGES=resize,nope", "unknown stage(s) ['nope']"),
+    ("STREAMAPP_DETECTOR=nope", "detector 'nope': expected one of color"),
+])
+def test_a_worker_with_a_bad_setting_exits_2_in_one_line(tmp_path, setting, phrase):
+    variable, value = setting.split("=", 1)
+    proc = subprocess.run([str(Path(sys.executable).parent / "faust"), "-A", "streamapp.app", "worker"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, **no_broker(), "STREAMAPP_STAGES": "infer", variable: value})
+    assert_one_line_error(proc, ExitCode.USAGE, phrase)
+    assert proc.stdout == ""
+
+
+def test_every_exit_code_is_documented():
+    operations = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    for code in ExitCode:
+        assert f"\n| {code.value} | " in operations, code
