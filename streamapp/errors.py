@@ -27,7 +27,7 @@ class StreamappError(Exception):
 
     exit_code: int = ExitCode.FAILURE
 
-    def __init__(self, what: str, fix: str | None = None, *, exit_code: int | None = None) -> None:
+    def __init__(self, what: str = "", fix: str | None = None, *, exit_code: int | None = None) -> None:
         self.what = what
         self.fix = fix
         if exit_code is not None:
