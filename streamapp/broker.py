@@ -291,6 +291,20 @@ def _read_properties(path: Path) -> dict[str, str]:
     return values
 
 
+# A line of the broker's log that says why it stopped; its exceptions name the setting or file.
+_ERROR_LINE = re.compile(r"\b(ERROR|FATAL)\b|Exception:")
+
+
+def last_error_line(log_file: Path, max_chars: int = 400) -> str | None:
+    """The broker's last error in its log, for a one-line message (the log has the rest)."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
+    return errors[-1][:max_chars] if errors else None
+
+
 def new_cluster_id() -> str:
     """A Kafka cluster id (what ``kafka-storage random-uuid`` prints), without starting a JVM."""
     while True:
@@ -640,7 +654,8 @@ class LocalBroker:
             self._wait_exit(pid, 10.0)
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
-        raise BrokerError(reason, f"the broker's log is {self.log_file}")
+        said = last_error_line(self.log_file)
+        raise BrokerError(f"{reason}: {said}" if said else reason, f"the broker's log is {self.log_file}")
 
     def _signal(self, pid: int, sig: int) -> None:
         try:

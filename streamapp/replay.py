@@ -25,7 +25,7 @@ from aiokafka.partitioner import murmur2
 from streamapp import wire
 from streamapp.agents.join import Joiner
 from streamapp.connect import start_client
-from streamapp.errors import UsageError
+from streamapp.errors import StreamappError
 from streamapp.recording import Record, Recording
 from streamapp.settings import Settings
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
@@ -38,7 +38,7 @@ _SIDE_OF_TYPE = {wire.Frame: "frames", wire.Detections: "results"}
 Records = Iterator[Record]
 
 
-class ReplayError(UsageError, ValueError):
+class ReplayError(StreamappError, ValueError):
     """A replay that cannot run as asked: a bad transform spec, mismatched topics, ..."""
 
 
