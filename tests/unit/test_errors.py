@@ -109,11 +109,20 @@ def test_no_maven_for_missing_jars_exits_5(tmp_path, monkeypatch):
 ])
 def test_a_worker_with_a_bad_setting_exits_2_in_one_line(tmp_path, setting, phrase):
     variable, value = setting.split("=", 1)
-    proc = subprocess.run([str(Path(sys.executable).parent / "faust"), "-A", "streamapp.app", "worker"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, **no_broker(), "STREAMAPP_STAGES": "infer", variable: value})
+    proc = run_infer_worker(tmp_path, {variable: value})
     assert_one_line_error(proc, ExitCode.USAGE, phrase)
     assert proc.stdout == ""
+
+
+def test_an_infer_worker_without_its_model_files_exits_1_saying_how_to_fetch_them(tmp_path):
+    proc = run_infer_worker(tmp_path, {"STREAMAPP_DETECTOR": "yolo", "STREAMAPP_ASSETS_HOME": str(tmp_path)})
+    assert_one_line_error(proc, ExitCode.FAILURE, "detector 'yolo'", "run `streamapp model`")
+
+
+def run_infer_worker(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "faust"), "-A", "streamapp.app", "worker"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, **no_broker(), "STREAMAPP_STAGES": "infer", **env})
 
 
 def test_every_exit_code_is_documented():
