@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 
 from streamapp import assets, wire
+from streamapp.errors import UsageError
 from streamapp.metrics import INFER_LATENCY_BOUNDS
 from streamapp.imaging import CorruptFrame, decode_frame
 from streamapp.settings import Settings
@@ -43,7 +44,7 @@ class Detector(Protocol):
     def detect(self, image: np.ndarray, frame_id: FrameId) -> Sequence[BoxLike]: ...
 
 
-class DetectorError(ValueError):
+class DetectorError(UsageError, ValueError):
     """A detector spec that does not name a loadable detector."""
 
 
@@ -271,8 +272,8 @@ def load_detector(spec: str, settings: Settings | None = None) -> Detector:
     if spec in BUILTIN_DETECTORS:
         try:
             return BUILTIN_DETECTORS[spec](settings or Settings())
-        except assets.AssetError as exc:
-            raise DetectorError(f"detector {spec!r}: {exc}") from None
+        except assets.AssetError as exc:  # a missing or corrupt file, not a bad setting
+            raise DetectorError(f"detector {spec!r}: {exc}", exit_code=assets.AssetError.exit_code) from None
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
         raise DetectorError(f"detector {spec!r}: expected one of {', '.join(BUILTIN_DETECTORS)} "

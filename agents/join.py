@@ -27,6 +27,7 @@ from typing import Iterable, Optional, Protocol
 from faust.types import TP
 
 from streamapp import wire
+from streamapp.jpeg import CorruptFrame, check_jpeg
 from streamapp.metrics import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
@@ -223,6 +224,8 @@ def register(stage) -> None:
         record = wire.decode(event.value, max_frame_bytes=settings.max_frame_bytes)
         if not isinstance(record, (Frame, Detections)):
             raise wire.WireError("a joined record does not belong on the join's inputs")
+        if isinstance(record, Frame):  # markers only: a frame that cannot be drawn never waits
+            check_jpeg(record.jpeg, (record.width, record.height))
         check_key(event.key, record, settings.bucket_size)
         check_fits(event.value, record_limit)
         return record
@@ -248,8 +251,8 @@ def register(stage) -> None:
             progress.passed(message.topic, message.partition, message.offset)
             try:
                 record = decode(event)
-            except wire.WireError as exc:
-                await stage.dead_letters.send(event, stage="join", reason=exc.reason)
+            except (wire.WireError, CorruptFrame) as exc:
+                await stage.dead_letters.send(event, stage="join", reason=str(exc))
                 continue
             event_ms = event_time_ms(message)
             progress.observe(message.topic, message.partition, run_of(record.id.join_key()), event_ms)

@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import cv2
 import numpy as np
 
+from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox
 from streamapp.imaging import encode_jpeg
 from streamapp.settings import parse_stream_id
@@ -30,7 +31,7 @@ DEFAULT_FPS = 15.0
 COLOURS = {"red": (40, 40, 255), "green": (0, 255, 0), "blue": (255, 120, 0), "yellow": (0, 255, 255)}
 
 
-class SourceError(RuntimeError):
+class SourceError(StreamappError, RuntimeError):
     """A source that cannot produce frames, e.g. a video file OpenCV cannot open."""
 
 

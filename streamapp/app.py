@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import importlib
 import logging
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -21,6 +22,7 @@ from streamapp import consumer
 from streamapp import topics as topic_defs
 from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 from streamapp.deadletter import DeadLetters
+from streamapp.errors import StreamappError, one_line
 from streamapp.metrics import PROMETHEUS_CONTENT_TYPE, Metrics, consumer_gauges, memory_budget_gauges
 from streamapp.settings import Settings
 from streamapp.tables.memory import RocksMemory, shared_rocks_memory
@@ -181,4 +183,14 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     return app
 
 
-app = create_app()
+def create_app_or_exit() -> StreamApp:
+    """The app for ``faust -A streamapp.app``: Faust imports this module, so a bad setting is
+    reported here in one line, with its exit code, instead of under Faust's import traceback."""
+    try:
+        return create_app()
+    except StreamappError as exc:
+        print(f"streamapp: error: {one_line(exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code) from None
+
+
+app = create_app_or_exit()

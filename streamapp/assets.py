@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from streamapp.broker import file_lock
+from streamapp.errors import StreamappError
 
 log = logging.getLogger(__name__)
 Notify = Callable[[str], None]
 
 
-class AssetError(RuntimeError):
+class AssetError(StreamappError, RuntimeError):
     """A file that is missing, corrupt or cannot be fetched; the message says what to do."""
 
 

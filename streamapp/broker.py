@@ -40,21 +40,41 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+from streamapp.connect import quiet_logger
+from streamapp.errors import ExitCode, StreamappError
+
 KAFKA_VERSION = "4.1.1"
 MIN_JAVA = 17
 DEFAULT_PORT = 9092
 # The pipeline's frames go up to 16 MiB (STREAMAPP_MAX_FRAME_BYTES); a record batch carries
 # some framing on top, hence the headroom.
 DEFAULT_MAX_MESSAGE_BYTES = 17 * 1024**2
-LOG_TAIL_LINES = 30
 NODE_ID = 1
 
 log = logging.getLogger(__name__)
 Notify = Callable[[str], None]
 
 
-class BrokerError(RuntimeError):
+class BrokerError(StreamappError, RuntimeError):
     """The local broker cannot be installed, started, stopped or inspected; the message says why."""
+
+
+class JavaNotFound(BrokerError):
+    """No Java, or one too old, to run the broker."""
+
+    exit_code = ExitCode.NO_JAVA
+
+
+class MavenNotFound(BrokerError):
+    """The Kafka jars are not cached and Maven is not there to fetch them."""
+
+    exit_code = ExitCode.NO_MAVEN
+
+
+class PortInUse(BrokerError):
+    """A port the broker must listen on is taken."""
+
+    exit_code = ExitCode.PORT_BUSY
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,9 +122,9 @@ def find_java() -> str:
         return str(Path(java_home) / "bin" / "java")
     found = shutil.which("java")
     if not found:
-        raise BrokerError(
-            f"Java not found: the Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA}+ "
-            f"(install a JDK {MIN_JAVA} or newer and put `java` on the PATH, or set JAVA_HOME)"
+        raise JavaNotFound(
+            f"Java not found: the Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA}+",
+            f"install a JDK {MIN_JAVA} or newer and put `java` on the PATH, or set JAVA_HOME"
         )
     return found
 
@@ -118,9 +138,9 @@ def check_java(java: str | None = None) -> str:
         raise BrokerError(f"cannot run {java}: {exc}") from None
     major = parse_java_version(proc.stderr + proc.stdout)
     if major < MIN_JAVA:
-        raise BrokerError(
-            f"{java} is Java {major}; the Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA}+ "
-            f"(install a JDK {MIN_JAVA} or newer, or point JAVA_HOME at one)"
+        raise JavaNotFound(
+            f"{java} is Java {major}; the Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA}+",
+            f"install a JDK {MIN_JAVA} or newer, or point JAVA_HOME at one"
         )
     return java
 
@@ -161,9 +181,9 @@ def copy_maven_dependencies(pom: bytes, home: Path, *, what: str, expected_jar: 
             return libs
         mvn = shutil.which("mvn")
         if not mvn:
-            raise BrokerError(
+            raise MavenNotFound(
                 f"{what} are not in {libs} and Maven (`mvn`) is not installed to fetch them from "
-                f"Maven Central; install Maven (needed once), or {cache_hint}"
+                f"Maven Central", f"install Maven (needed once), or {cache_hint}"
             )
         notify(f"fetching {what} from Maven Central into {libs} (first run only)")
         work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
@@ -176,10 +196,11 @@ def copy_maven_dependencies(pom: bytes, home: Path, *, what: str, expected_jar: 
                 capture_output=True, text=True, cwd=work,
             )
             if proc.returncode != 0 or not list(fetched.glob(expected_jar)):
-                output = _tail((proc.stdout + proc.stderr).splitlines(), LOG_TAIL_LINES)
+                log_file = home / "maven.log"
+                log_file.write_text(proc.stdout + proc.stderr)
                 raise BrokerError(
-                    f"Maven could not fetch {what} (exit code {proc.returncode}); "
-                    f"check the network access to Maven Central. Maven said:\n{output}"
+                    f"Maven could not fetch {what} (exit code {proc.returncode})",
+                    f"check the network access to Maven Central; Maven's output is in {log_file}"
                 )
             (fetched / ".complete").write_text(digest + "\n")
             if libs.exists():
@@ -260,10 +281,6 @@ def _cmdline(pid: int) -> str | None:
     return proc.stdout if proc.returncode == 0 else ""
 
 
-def _tail(lines: list[str], count: int) -> str:
-    return "\n".join(lines[-count:])
-
-
 def _read_properties(path: Path) -> dict[str, str]:
     values = {}
     for line in path.read_text().splitlines():
@@ -272,6 +289,20 @@ def _read_properties(path: Path) -> dict[str, str]:
             key, value = line.split("=", 1)
             values[key.strip()] = value.strip()
     return values
+
+
+# A line of the broker's log that says why it stopped; its exceptions name the setting or file.
+_ERROR_LINE = re.compile(r"\b(ERROR|FATAL)\b|Exception:")
+
+
+def last_error_line(log_file: Path, max_chars: int = 400) -> str | None:
+    """The broker's last error in its log, for a one-line message (the log has the rest)."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
+    return errors[-1][:max_chars] if errors else None
 
 
 def new_cluster_id() -> str:
@@ -305,18 +336,6 @@ async def _answers_metadata(bootstrap: str, timeout_s: float) -> bool:
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
-
-
-@contextlib.contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
-    """Silence a logger while probing a broker that is expected to refuse connections at first."""
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,9 +446,9 @@ class LocalBroker:
             raise BrokerError(f"cannot create the broker data dir {self.data_dir}: {exc}") from None
         cluster_id = self._check_cluster_id()
         if port_in_use(self.port):
-            raise BrokerError(
-                f"port {self.port} on 127.0.0.1 is already in use (another Kafka broker?); "
-                f"choose another with --port, or stop what listens there"
+            raise PortInUse(
+                f"port {self.port} on 127.0.0.1 is already in use (another Kafka broker?)",
+                "choose another with --port, or stop what listens there"
             )
         controller_port = self._pick_controller_port()
         java = check_java()
@@ -536,8 +555,8 @@ class LocalBroker:
     def _pick_controller_port(self) -> int:
         if self.controller_port is not None:
             if port_in_use(self.controller_port) or self.controller_port == self.port:
-                raise BrokerError(f"controller port {self.controller_port} on 127.0.0.1 is already in use; "
-                                  f"choose another")
+                raise PortInUse(f"controller port {self.controller_port} on 127.0.0.1 is already in use",
+                                "choose another")
             return self.controller_port
         previous = None
         if self.properties_file.exists():
@@ -602,8 +621,10 @@ class LocalBroker:
             capture_output=True, text=True, cwd=self.data_dir,
         )
         if proc.returncode != 0:
-            output = _tail((proc.stdout + proc.stderr).splitlines(), LOG_TAIL_LINES)
-            raise BrokerError(f"formatting the Kafka log dir {self.log_dirs} failed:\n{output}")
+            log_file = self.data_dir / "format.log"
+            log_file.write_text(proc.stdout + proc.stderr)
+            raise BrokerError(f"formatting the Kafka log dir {self.log_dirs} failed",
+                              f"the storage tool's output is in {log_file}")
         self.cluster_id_file.write_text(cluster_id + "\n")
 
     def _wait_ready(self, deadline: float, timeout: float) -> None:
@@ -616,7 +637,7 @@ class LocalBroker:
             if remaining <= 0:
                 self._fail(f"the broker did not answer on {self.bootstrap} within {timeout:g}s")
             if self._accepts_connections():
-                with _quiet("aiokafka"):
+                with quiet_logger("aiokafka"):
                     if _run_async(lambda: _answers_metadata(self.bootstrap, min(5.0, max(remaining, 0.5)))):
                         return
             time.sleep(0.2)
@@ -633,11 +654,8 @@ class LocalBroker:
             self._wait_exit(pid, 10.0)
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
-        try:
-            tail = _tail(self.log_file.read_text(errors="replace").splitlines(), LOG_TAIL_LINES)
-        except OSError:
-            tail = "(no log)"
-        raise BrokerError(f"{reason}; last lines of {self.log_file}:\n{tail}")
+        said = last_error_line(self.log_file)
+        raise BrokerError(f"{reason}: {said}" if said else reason, f"the broker's log is {self.log_file}")
 
     def _signal(self, pid: int, sig: int) -> None:
         try:

@@ -4,9 +4,10 @@ Each subcommand is one :class:`Command` in :data:`COMMANDS`: a name, a one-line 
 that adds its arguments to its ``argparse`` parser and a handler ``(args) -> exit code``. Adding a
 subcommand is adding one entry.
 
-Exit codes: 0 success, 1 runtime error, 2 usage error (argparse's), 3 ``broker status`` when no
-broker runs. Expected errors (:data:`EXPECTED_ERRORS`) are printed as ``streamapp: error: <message>``
-without a traceback.
+Every expected failure is a :class:`~streamapp.errors.StreamappError`, printed as one line
+``streamapp: error: <what> — <fix>`` without a traceback; the command exits with its code
+(:class:`~streamapp.errors.ExitCode`: 2 for a bad flag or setting, 3 ``broker status`` when no
+broker runs, 4 no Java, 5 no Maven, 6 no broker answers, 7 port busy, 1 anything else).
 """
 
 from __future__ import annotations
@@ -23,19 +24,27 @@ from typing import Callable, Sequence
 from streamapp import assets, chaos, replay_commands
 from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.bench import infer as infer_bench, join_command, soak_command
-from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, BrokerError,
+from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION,
                               LocalBroker, default_data_dir, kafka_home)
-from streamapp.settings import Settings, SettingsError, parse_stream_id
+from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
+from streamapp.settings import Settings, parse_stream_id
 from streamapp.topics import TopicError
-from streamapp.units import UnitError, format_bytes
+from streamapp.units import format_bytes
 
 
-class CommandError(RuntimeError):
+class CommandError(StreamappError, RuntimeError):
     """A subcommand failed in an expected way; the message is shown as is."""
 
 
-EXPECTED_ERRORS: tuple[type[Exception], ...] = (CommandError, BrokerError, SettingsError, UnitError, TopicError,
-                                                assets.AssetError)
+# TopicError is the one expected failure outside the StreamappError tree.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (StreamappError, TopicError)
+
+
+class Parser(argparse.ArgumentParser):
+    """A bad flag is one line like every other error: what is wrong, and where the flags are."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message, f"see `{self.prog} --help`")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +107,7 @@ def run_broker(args: argparse.Namespace) -> int:
         return 0
     status = broker.status()
     print(f"broker {status.describe()}")
-    return 0 if status.running else 3
+    return 0 if status.running else ExitCode.NOT_RUNNING
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,7 +150,7 @@ def configure_produce(parser: argparse.ArgumentParser) -> None:
 
 
 def run_produce(args: argparse.Namespace) -> int:
-    from streamapp.agents.source import Pacer, SourceError, new_epoch, synthetic_frames, video_file_frames
+    from streamapp.agents.source import Pacer, new_epoch, synthetic_frames, video_file_frames
     from streamapp.groundtruth import GroundTruthWriter
     from streamapp.progress import Progress
     from streamapp.publisher import FramePublisher, interleave, paced
@@ -157,15 +166,16 @@ def run_produce(args: argparse.Namespace) -> int:
             sources = [synthetic_frames(parse_stream_id(f"{args.stream}{number}"), epoch, args.frames,
                                         width, height, seed=number, fps=args.fps or 15.0)
                        for number in range(1, args.streams + 1)]
-    except (SourceError, ValueError) as exc:
-        raise CommandError(str(exc)) from None
+    except ValueError as exc:  # a stream id
+        raise UsageError(str(exc), "see `streamapp produce --help`") from None
     truth = GroundTruthWriter(args.ground_truth) if args.ground_truth else None
 
     async def publish() -> int:
         pacer = Pacer(args.fps * len(sources) if args.fps else None)
-        # A video may end before --frames; the bar then stops short of its total.
-        with Progress("produce", total=args.frames * len(sources), unit="frames") as progress:
-            async with FramePublisher(settings) as publisher:
+        # A video may end before --frames; the bar then stops short of its total. Connected
+        # first, so that no broker is an error without a bar.
+        async with FramePublisher(settings) as publisher:
+            with Progress("produce", total=args.frames * len(sources), unit="frames") as progress:
                 async for frame, boxes in paced(interleave(sources), pacer.delay):
                     await publisher.publish(frame)
                     if truth is not None:
@@ -234,18 +244,17 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from streamapp.demo import DemoFailed, DemoOptions, run_demo as demo
-    from streamapp.workers import WorkerExited
+    from streamapp.demo import DemoOptions, run_demo as demo
 
     if args.synthetic and args.videos:
-        raise CommandError("--synthetic and --video exclude each other")
+        raise UsageError("--synthetic and --video exclude each other", "give one of them")
     width, height = args.size
     options = DemoOptions(synthetic=args.synthetic, videos=tuple(args.videos), streams=args.streams,
                           frames=args.frames, width=width, height=height, fps=args.fps, out=args.out,
                           broker_port=args.port, timeout_s=args.timeout)
     try:
         summary = demo(options)
-    except (DemoFailed, WorkerExited, TimeoutError) as exc:
+    except TimeoutError as exc:
         raise CommandError(str(exc)) from None
     print(json.dumps(summary, indent=2))
     return 0
@@ -298,8 +307,7 @@ COMMANDS: list[Command] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="streamapp", description="Video analytics on Faust and Kafka.")
+    parser = Parser(prog="streamapp", description="Video analytics on Faust and Kafka.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         sub = commands.add_parser(command.name, help=command.help, description=command.help)
@@ -312,17 +320,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
-        return exc.code if isinstance(exc.code, int) else 2
-    if args.command is None:
-        parser.print_usage(sys.stderr)
-        print("streamapp: error: a command is required", file=sys.stderr)
-        return 2
-    try:
+        if args.command is None:
+            raise UsageError("a command is required", "see `streamapp --help`")
         return args.run(args)
+    except SystemExit as exc:  # --help, which argparse has printed
+        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     except EXPECTED_ERRORS as exc:
-        print(f"streamapp: error: {exc}", file=sys.stderr)
-        return 1
+        print(f"streamapp: error: {one_line(exc)}", file=sys.stderr)
+        return getattr(exc, "exit_code", ExitCode.FAILURE)
     except KeyboardInterrupt:
         print("streamapp: interrupted", file=sys.stderr)
         return 130

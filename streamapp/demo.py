@@ -31,6 +31,7 @@ from streamapp import assets, wire
 from streamapp.agents.sink import VideoAssembler, frame_path, save_contact_sheet
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames, video_file_frames
 from streamapp.broker import LocalBroker, default_data_dir, free_port, port_in_use
+from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox, match_boxes
 from streamapp.publisher import FramePublisher, interleave, paced
 from streamapp.settings import STAGES, Settings
@@ -57,8 +58,8 @@ class DemoOptions:
     timeout_s: float = 300.0
 
 
-class DemoFailed(RuntimeError):
-    pass
+class DemoFailed(StreamappError, RuntimeError):
+    """The demo ran, but its output is not what it checks for."""
 
 
 SYNTHETIC_FPS = 15.0
@@ -97,10 +98,10 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
         options = dataclasses.replace(options, videos=options.videos or tuple(_fetch(assets.SAMPLES)))
         _fetch(assets.MODEL)
         base = base.replace(detector="yolo")
-    broker = None
+    # Outside the clean-up below: a broker that never started has no topics to delete.
+    broker, base = ensure_broker(options, base)
     workers: list[Worker] = []
     try:
-        broker, base = ensure_broker(options, base)
         asyncio.run(ensure_topics(base))
         for stage in STAGES:
             workers.append(Worker(stage, base.replace(

@@ -1,8 +1,8 @@
 """JPEG decode and encode for the stages that touch pixels (resize, infer, sink).
 
 Decoding is strict: a frame that is empty, truncated, not a JPEG or not the size its header claims
-raises :class:`CorruptFrame` before any large buffer is allocated. libjpeg happily "decodes" a
-truncated file into an image padded with grey, so the end-of-image marker is checked up front.
+raises :class:`CorruptFrame` before any large buffer is allocated (:mod:`streamapp.jpeg` reads
+the markers first).
 """
 
 from __future__ import annotations
@@ -10,58 +10,18 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from streamapp.jpeg import CorruptFrame, check_jpeg, jpeg_size
 from streamapp.wire import Frame
 
-_START = b"\xff\xd8"
-_END = b"\xff\xd9"
-# Start-of-frame markers (baseline, progressive, lossless, arithmetic...): all but DHT, JPG, DAC.
-_START_OF_FRAME = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-# Markers that stand alone, without a length field.
-_STANDALONE = frozenset(range(0xD0, 0xD9)) | {0x01}
-
-
-class CorruptFrame(ValueError):
-    """JPEG bytes that cannot be decoded into the image they claim to be."""
-
+__all__ = ["UNUSABLE_PIXELS", "CorruptFrame", "decode_frame", "decode_jpeg", "encode_jpeg", "jpeg_size"]
 
 # What pixel work on bad input can raise: our own checks, or OpenCV's on what slips past them.
 UNUSABLE_PIXELS = (CorruptFrame, cv2.error)
 
 
-def jpeg_size(jpeg: bytes) -> tuple[int, int]:
-    """(width, height) from the JPEG's start-of-frame header, without decoding any pixels."""
-    if not jpeg.startswith(_START):
-        raise CorruptFrame("not a JPEG: no start-of-image marker")
-    position = 2
-    while position + 4 <= len(jpeg):
-        if jpeg[position] != 0xFF:
-            raise CorruptFrame(f"JPEG marker expected at byte {position}")
-        marker = jpeg[position + 1]
-        if marker == 0xFF:  # fill byte before a marker
-            position += 1
-            continue
-        if marker in _STANDALONE:
-            position += 2
-            continue
-        if marker in _START_OF_FRAME and position + 9 <= len(jpeg):
-            height = int.from_bytes(jpeg[position + 5:position + 7], "big")
-            width = int.from_bytes(jpeg[position + 7:position + 9], "big")
-            if width == 0 or height == 0:
-                raise CorruptFrame(f"JPEG claims an empty image of {width}x{height}")
-            return width, height
-        if marker == 0xDA:  # start of scan: the pixel data began without a frame header
-            break
-        position += 2 + int.from_bytes(jpeg[position + 2:position + 4], "big")
-    raise CorruptFrame("JPEG has no start-of-frame header")
-
-
 def decode_jpeg(jpeg: bytes, *, size: tuple[int, int] | None = None) -> np.ndarray:
     """The BGR image of ``jpeg``; with ``size`` (width, height) the JPEG must have exactly that size."""
-    actual = jpeg_size(jpeg)
-    if size is not None and actual != tuple(size):
-        raise CorruptFrame(f"JPEG is {actual[0]}x{actual[1]}, the frame says {size[0]}x{size[1]}")
-    if not jpeg.endswith(_END):
-        raise CorruptFrame("JPEG is truncated: no end-of-image marker")
+    check_jpeg(jpeg, size)
     image = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None:
         raise CorruptFrame("JPEG data cannot be decoded")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import gc
 import math
+import re
 import resource
 import time
 from collections import Counter
@@ -220,10 +221,23 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * resource.getpagesize()
 
 
+def peak_rss_bytes(status: str | None = None) -> int:
+    """This process's own peak resident set size: ``VmHWM`` of /proc/self/status (or of the
+    ``status`` text given). Not ``ru_maxrss``: Linux carries that across fork and exec, so a worker
+    started by a large process would report its parent's peak."""
+    if status is None:
+        with open("/proc/self/status") as file:
+            status = file.read()
+    match = re.search(r"^VmHWM:\s*(\d+)\s*kB$", status, re.MULTILINE)
+    if match is None:
+        raise ValueError("no VmHWM line in the process status")
+    return int(match.group(1)) * 1024
+
+
 def process_gauges() -> dict[str, float]:
     return {
         "process_resident_memory_bytes": rss_bytes(),
-        "process_peak_resident_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "process_peak_resident_memory_bytes": peak_rss_bytes(),
         "gc_collections_total": sum(generation["collections"] for generation in gc.get_stats()),
     }
 

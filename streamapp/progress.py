@@ -1,4 +1,4 @@
-"""Progress of a long command (``produce``, ``record``, ``replay``, ``bench``) on stderr.
+"""Progress of a long command (``produce``) on stderr.
 
 On a terminal a one-line bar is redrawn in place; otherwise (CI logs, pipes, files) a plain line
 is written every ``interval_s``, so logs stay readable. Use it as::

@@ -13,12 +13,14 @@ from typing import AsyncIterator, Iterable, Iterator
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
+from streamapp.connect import start_client
+from streamapp.errors import StreamappError
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
 
 
-class FrameTooLarge(ValueError):
-    pass
+class FrameTooLarge(StreamappError, ValueError):
+    """A frame over STREAMAPP_MAX_FRAME_BYTES, refused before it is sent."""
 
 
 class FramePublisher:
@@ -40,7 +42,7 @@ class FramePublisher:
         self.published_bytes = 0
 
     async def __aenter__(self) -> "FramePublisher":
-        await self.producer.start()
+        await start_client(self.producer, self.settings.bootstrap_servers)
         return self
 
     async def __aexit__(self, *exc_info) -> None:

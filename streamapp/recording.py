@@ -22,6 +22,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
 from streamapp import wire
+from streamapp.connect import start_client
+from streamapp.errors import StreamappError
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes
 
@@ -40,7 +42,7 @@ MAX_HEADER_BYTES = 1024**2
 MAX_RECORD_BYTES = 300 * 1024**2
 
 
-class RecordingError(ValueError):
+class RecordingError(StreamappError, ValueError):
     """A recording that cannot be read: not a recording, another version, truncated or damaged."""
 
 
@@ -244,7 +246,7 @@ async def record_topics(settings: Settings, topics: list[str], path: str | Path,
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
                                 max_partition_fetch_bytes=max_record_bytes(settings),
                                 fetch_max_bytes=max(max_record_bytes(settings), 50 * 1024**2))
-    await consumer.start()
+    await start_client(consumer, settings.bootstrap_servers)
     try:
         counts = {}
         for topic in topics:

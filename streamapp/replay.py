@@ -24,6 +24,8 @@ from aiokafka.partitioner import murmur2
 
 from streamapp import wire
 from streamapp.agents.join import Joiner
+from streamapp.connect import start_client
+from streamapp.errors import StreamappError
 from streamapp.recording import Record, Recording
 from streamapp.settings import Settings
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
@@ -36,7 +38,7 @@ _SIDE_OF_TYPE = {wire.Frame: "frames", wire.Detections: "results"}
 Records = Iterator[Record]
 
 
-class ReplayError(ValueError):
+class ReplayError(StreamappError, ValueError):
     """A replay that cannot run as asked: a bad transform spec, mismatched topics, ..."""
 
 
@@ -434,7 +436,7 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
                                 max_request_size=max_record_bytes(settings),
                                 max_batch_size=min(max_record_bytes(settings), 1024**2),
                                 linger_ms=2, acks="all", enable_idempotence=True)
-    await producer.start()
+    await start_client(producer, settings.bootstrap_servers)
     try:
         counts = _PartitionCounts(producer, target)
         pace = _Pace(speed)

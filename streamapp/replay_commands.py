@@ -11,8 +11,9 @@ from pathlib import Path
 
 from streamapp import replay
 from streamapp.arguments import count_arg, fps_arg, resolution_arg
+from streamapp.errors import UsageError
 from streamapp.scenario import ReplayPlan, Scenario
-from streamapp.recording import RecordingError, RecordingWriter, RecordLimits, record_topics, synthetic_records
+from streamapp.recording import RecordingWriter, RecordLimits, record_topics, synthetic_records
 from streamapp.settings import Settings, parse_stream_id
 from streamapp.topics import topic_names
 from streamapp.units import UnitError, parse_duration
@@ -88,17 +89,16 @@ def configure_record(parser: argparse.ArgumentParser) -> None:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from streamapp.cli import CommandError
-
     settings = Settings.from_env()
     began = time.monotonic()
     if args.synthetic:
         if args.topics or args.follow or args.max_records or args.duration:
-            raise CommandError("--synthetic takes no --topics, --follow, --max-records or --duration")
+            raise UsageError("--synthetic takes no --topics, --follow, --max-records or --duration",
+                             "see `streamapp record --help`")
         try:
             parse_stream_id(f"{args.stream}{args.streams}")
         except ValueError as exc:
-            raise CommandError(str(exc)) from None
+            raise UsageError(str(exc), "see `streamapp record --help`") from None
         names = topic_names(settings)
         width, height = args.size
         records = synthetic_records(settings, streams=args.streams, frames=args.frames, width=width,
@@ -117,10 +117,7 @@ def run_record(args: argparse.Namespace) -> int:
         names = topic_names(settings)
         topics = args.topics or [names["frames"], names["detections"]]
         limits = RecordLimits(args.max_records, args.duration, args.follow)
-        try:
-            count = asyncio.run(record_topics(settings, topics, args.out, limits))
-        except RecordingError as exc:
-            raise CommandError(str(exc)) from None
+        count = asyncio.run(record_topics(settings, topics, args.out, limits))
     size = args.out.stat().st_size
     print(f"recorded {count} records ({size / 1024**2:.1f} MiB) to {args.out} in {time.monotonic() - began:.1f}s")
     return 0
@@ -157,15 +154,10 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from streamapp.cli import CommandError
-
     settings = Settings.from_env()
-    try:
-        plan = plan_from_args(args, settings)
-        sent = asyncio.run(replay.publish(plan.records(), settings, plan.target, speed=plan.speed))
-        expected = replay.predict(plan.records(), settings, speed=plan.speed)
-    except (replay.ReplayError, RecordingError) as exc:
-        raise CommandError(str(exc)) from None
+    plan = plan_from_args(args, settings)
+    sent = asyncio.run(replay.publish(plan.records(), settings, plan.target, speed=plan.speed))
+    expected = replay.predict(plan.records(), settings, speed=plan.speed)
     print(f"published {sent} records")
     if expected.counts["frames_in"] or expected.counts["results_in"]:
         print("the join should count: " + json.dumps(expected.counts))

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Mapping
 
+from streamapp.errors import UsageError
 from streamapp.units import UnitError, parse_bytes, parse_duration
 
 STAGES = ("resize", "infer", "join", "sink")
@@ -31,7 +32,7 @@ AT_LEAST_ONCE = "at_least_once"
 PROCESSING_GUARANTEES = (AT_LEAST_ONCE, "exactly_once")
 
 
-class SettingsError(ValueError):
+class SettingsError(UsageError, ValueError):
     """A setting that is missing, malformed or inconsistent with another."""
 
 
@@ -136,7 +137,8 @@ class Settings:
             try:
                 values[field] = parse(raw, variable)
             except (UnitError, ValueError) as exc:
-                raise SettingsError(f"{variable}={raw!r}: {exc}") from None
+                reason = str(exc).removeprefix(f"{variable}: ").removeprefix(f"{variable} ")
+                raise SettingsError(f"{variable}={raw!r}: {reason}") from None
         if env.get("STREAMAPP_RESIZE"):
             try:
                 values["resize_width"], values["resize_height"] = parse_resolution(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from streamapp.errors import UsageError
+
 _BYTE_UNITS = {
     "B": 1,
     "kB": 1000,
@@ -22,10 +24,11 @@ _BYTE_UNITS = {
     "TiB": 1024**4,
 }
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}
-_NUMBER_AND_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+# A sign is read so that "-5s" is reported as negative, not as a duration without a unit.
+_NUMBER_AND_UNIT = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
-class UnitError(ValueError):
+class UnitError(UsageError, ValueError):
     """A size or duration that cannot be read without guessing."""
 
 
@@ -61,7 +64,9 @@ def parse_duration(text: str | float, *, name: str = "duration") -> float:
             f"{name}: {text!r} needs a unit; write e.g. 5s, 250ms, 2min or 1h"
         )
     number, unit = match.groups()
-    return _non_negative(float(number) * _DURATION_UNITS[unit], name)
+    if float(number) < 0:
+        raise UnitError(f"{name}: {text!r} is negative; a duration must be positive, e.g. 5s")
+    return float(number) * _DURATION_UNITS[unit]
 
 
 def format_bytes(count: int) -> str:

@@ -19,6 +19,7 @@ import json
 import math
 import struct
 
+from streamapp.errors import StreamappError
 from streamapp.settings import parse_stream_id
 
 MAGIC = b"SA"
@@ -40,7 +41,7 @@ class Kind:
     JOINED = b"J"
 
 
-class WireError(ValueError):
+class WireError(StreamappError, ValueError):
     """A record that does not follow the wire format; ``reason`` says which part and why."""
 
     def __init__(self, reason: str) -> None:

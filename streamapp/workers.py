@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from streamapp.errors import StreamappError
 from streamapp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ T = TypeVar("T")
 READY_MARKER = "Worker ready"
 
 
-class WorkerExited(RuntimeError):
+class WorkerExited(StreamappError, RuntimeError):
     """A worker process ended while it was expected to run."""
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from streamapp import broker as broker_module
 from streamapp.broker import (BrokerError, LocalBroker, check_java, ensure_jars, find_java, free_port,
-                              new_cluster_id, parse_java_version, port_in_use)
+                              last_error_line, new_cluster_id, parse_java_version, port_in_use)
 
 MIB = 1024**2
 
@@ -271,3 +271,16 @@ def test_extra_properties_override(tmp_path):
 def test_packaged_broker_files_are_installed():
     assert b"<artifactId>kafka_2.13</artifactId>" in broker_module._packaged("pom.xml")
     assert b"Configuration:" in broker_module._packaged("log4j2.yaml")
+
+
+def test_the_last_error_line_of_a_broker_log_says_why_it_stopped(tmp_path):
+    log = tmp_path / "broker.log"
+    log.write_text("[2026-12-01 10:00:00,000] INFO starting (kafka.server.KafkaRaftServer)\n"
+                   "[2026-12-01 10:00:01,000] ERROR Exiting Kafka due to fatal exception (kafka.Kafka)\n"
+                   "org.apache.kafka.common.config.ConfigException: Invalid value 1 for configuration "
+                   "log.segment.bytes: Value must be at least 1048576\n"
+                   "\tat org.apache.kafka.common.config.ConfigDef.parseValue(ConfigDef.java:1)\n")
+    assert last_error_line(log).startswith("org.apache.kafka.common.config.ConfigException: Invalid value 1")
+    log.write_text("[2026-12-01 10:00:00,000] INFO all well\n")
+    assert last_error_line(log) is None
+    assert last_error_line(tmp_path / "missing.log") is None

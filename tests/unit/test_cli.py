@@ -28,7 +28,9 @@ def test_no_command_is_a_usage_error(capsys):
 
 def test_broker_without_action_is_a_usage_error(capsys):
     assert main(["broker"]) == 2
-    assert "streamapp broker: error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("streamapp: error: the following arguments are required: {start,stop,status}")
+    assert "see `streamapp broker --help`" in err and err.count("\n") == 1
 
 
 def test_help_exits_zero(capsys):
@@ -67,7 +69,7 @@ def test_stop_of_a_stopped_broker_is_fine(capsys, tmp_path):
     assert "not running" in capsys.readouterr().out
 
 
-def test_runtime_errors_exit_1_without_traceback(tmp_path):
+def test_a_busy_port_exits_7_without_traceback(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
@@ -77,8 +79,9 @@ def test_runtime_errors_exit_1_without_traceback(tmp_path):
              "--data-dir", str(tmp_path / "b")],
             capture_output=True, text=True, timeout=60,
         )
-    assert proc.returncode == 1
+    assert proc.returncode == 7
     assert proc.stderr.startswith(f"streamapp: error: port {port} on 127.0.0.1 is already in use")
+    assert proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stderr
 
 
@@ -97,5 +100,5 @@ def test_a_fetch_that_fails_is_an_error_without_traceback(capsys, monkeypatch, t
 
 
 def test_demo_synthetic_and_video_exclude_each_other(capsys, tmp_path):
-    assert main(["demo", "--synthetic", "--video", str(tmp_path / "a.mp4")]) == 1
+    assert main(["demo", "--synthetic", "--video", str(tmp_path / "a.mp4")]) == 2
     assert "--synthetic and --video exclude each other" in capsys.readouterr().err

@@ -1,15 +1,20 @@
-"""docker-compose.yml stays in step with the code: the modules, subcommands, options, stages and
-settings it names all exist. (No Docker needed: the file is only read.)"""
+"""docker-compose.yml follows the Compose Specification (its JSON schema, so a misspelt key fails)
+and stays in step with the code: the modules, subcommands, options, stages and settings it names
+all exist, and every worker's web port is published. (No Docker needed: the file is only read.)"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
 import importlib.util
 import io
+import json
 import re
 import shlex
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -17,9 +22,13 @@ from streamapp.cli import build_parser
 from streamapp.settings import STAGES, Settings
 
 REPO = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+COMPOSE_TEXT = (REPO / "docker-compose.yml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES: dict = COMPOSE["services"]
 MIB = 1024**2
+# The Compose Specification's schema, vendored with its origin beside it.
+SCHEMA_FILE = Path(__file__).parent / "compose-spec" / "compose_spec.json"
+SCHEMA_SHA256 = "0dc04bd346dcfee1b1419628fff79937bbf076925f298f272a2b490e2b112bac"
 
 
 def argv(service: dict) -> list[str]:
@@ -57,6 +66,28 @@ def interpolate(value) -> str:
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value))
 
 
+def compose_schema() -> dict:
+    raw = SCHEMA_FILE.read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == SCHEMA_SHA256, f"{SCHEMA_FILE} is not the vendored file"
+    schema = json.loads(raw)
+    # The project name, added to the specification after the vendored release.
+    schema["properties"]["name"] = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]*$"}
+    return schema
+
+
+def schema_errors(text: str) -> list[str]:
+    """What the schema finds wrong in a compose file, after interpolation as Compose does it."""
+    validator = jsonschema.Draft201909Validator(compose_schema())
+    document = yaml.safe_load(interpolate(text))
+    return sorted(f"{'/'.join(map(str, error.absolute_path)) or '(top)'}: {error.message}"
+                  for error in validator.iter_errors(document))
+
+
+def web_port(service: dict) -> int:
+    args = argv(service)
+    return int(args[args.index("--web-port") + 1])
+
+
 def kafka_nodes(in_profile: str) -> dict[str, dict]:
     return {name: service for name, service in SERVICES.items()
             if service.get("image", "").startswith("apache/kafka") and profile(service) == in_profile}
@@ -65,6 +96,40 @@ def kafka_nodes(in_profile: str) -> dict[str, dict]:
 def commands_of(program: str) -> list[tuple[str, list[str]]]:
     found = [(name, argv(s)) for name, s in SERVICES.items()]
     return [(name, args) for name, args in found if args and args[0] == program]
+
+
+def test_the_file_follows_the_compose_specification():
+    assert schema_errors(COMPOSE_TEXT) == []
+
+
+@pytest.mark.parametrize("right, misspelt", [
+    ("\nservices:\n", "\nservice:\n"),
+    ("  restart: unless-stopped\n", "  restrat: unless-stopped\n"),
+    ("    healthcheck: *kafka-healthcheck\n", "    healtcheck: *kafka-healthcheck\n"),
+    ("condition: service_healthy", "condition: service_healty"),
+    ('    ports:\n      - "127.0.0.1:6069:6066"', '    port:\n      - "127.0.0.1:6069:6066"'),
+    ("  interval: 5s", "  intervall: 5s"),
+])
+def test_a_misspelt_key_or_value_fails_the_schema(right, misspelt):
+    assert right in COMPOSE_TEXT
+    errors = schema_errors(COMPOSE_TEXT.replace(right, misspelt, 1))
+    word = next(a for a, b in zip(misspelt.split(), right.split() + [""]) if a != b).rstrip(":")
+    assert any(word in error for error in errors), errors
+
+
+def test_every_worker_publishes_its_web_port_on_the_loopback():
+    host_ports = []
+    for name, _ in commands_of("faust"):
+        service = SERVICES[name]
+        published = [str(port).rsplit(":", 2) for port in service.get("ports", [])]
+        assert [container for *_, container in published] == [str(web_port(service))], name
+        [[address, host, _]] = published
+        assert address == "127.0.0.1", f"{name} publishes beyond this machine"
+        if "deploy" in service:
+            assert host == "", f"{name}: replicas need a free host port each, not {host}"
+        else:
+            host_ports.append(int(host))
+    assert len(host_ports) == len(set(host_ports)) == len(STAGES)
 
 
 def test_every_service_has_an_image_or_build_and_ours_a_command():

@@ -4,13 +4,17 @@ with the same values, types and help; histograms; consumer lag; every metric doc
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+
 import pytest
 from faust.exceptions import ConsumerNotStarted
 from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
-from streamapp.metrics import HELP, Histogram, Metrics, consumer_gauges, prometheus_text, sample_name
+from streamapp.metrics import (HELP, Histogram, Metrics, consumer_gauges, peak_rss_bytes, prometheus_text,
+                               sample_name)
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
 
 def parse(text: str) -> dict:
@@ -122,3 +126,22 @@ def test_metric_names_follow_prometheus_conventions(name):
     if name.endswith("_total"):
         return
     assert re.search(r"_(bytes|seconds|entries|records|ratio|streams|active|partition|partitions|paused)$", name), name
+
+
+def test_peak_rss_reads_vmhwm_from_the_process_status():
+    status = "Name:\tfaust\nVmPeak:\t  900000 kB\nVmHWM:\t   68608 kB\nVmRSS:\t   50000 kB\n"
+    assert peak_rss_bytes(status) == 68608 * 1024
+    with pytest.raises(ValueError, match="VmHWM"):
+        peak_rss_bytes("Name:\tfaust\n")
+
+
+def test_peak_rss_of_a_process_started_by_a_large_one_is_its_own():
+    # Linux carries ru_maxrss across fork and exec: a worker started by a process that once held
+    # 256 MiB would report at least that as its own peak.
+    held = bytearray(256 * 1024**2)
+    held[::4096] = b"x" * len(held[::4096])
+    child = subprocess.run(
+        [sys.executable, "-c", "from streamapp.metrics import peak_rss_bytes; print(peak_rss_bytes())"],
+        capture_output=True, text=True, check=True)
+    del held
+    assert int(child.stdout) < 128 * 1024**2, child.stdout

@@ -121,5 +121,5 @@ def test_record_synthetic_from_the_command_line(tmp_path, capsys):
 
 
 def test_synthetic_takes_no_topics(tmp_path, capsys):
-    assert main(["record", "--synthetic", "--topics", "x", "--out", str(tmp_path / "r.rec")]) == 1
+    assert main(["record", "--synthetic", "--topics", "x", "--out", str(tmp_path / "r.rec")]) == 2
     assert "--synthetic takes no --topics" in capsys.readouterr().err

@@ -52,9 +52,15 @@ def test_parse_duration(text, expected):
     assert parse_duration(text) == expected
 
 
-@pytest.mark.parametrize("text", ["5", "5 sec", "5S", "1m", "2 mins", "", "-1s", "1d"])
+@pytest.mark.parametrize("text", ["5", "5 sec", "5S", "1m", "2 mins", "", "-1", "1d"])
 def test_parse_duration_needs_a_known_unit(text):
-    with pytest.raises(UnitError, match="STREAMAPP_JOIN_TTL"):
+    with pytest.raises(UnitError, match="STREAMAPP_JOIN_TTL.*needs a unit"):
+        parse_duration(text, name="STREAMAPP_JOIN_TTL")
+
+
+@pytest.mark.parametrize("text", ["-5s", "-250ms", " -1h"])
+def test_a_negative_duration_is_reported_as_negative_not_as_unitless(text):
+    with pytest.raises(UnitError, match="STREAMAPP_JOIN_TTL.*is negative; a duration must be positive"):
         parse_duration(text, name="STREAMAPP_JOIN_TTL")
 
 

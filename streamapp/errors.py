@@ -1,0 +1,56 @@
+"""Expected failures: one base class, one line for a person, one exit code per kind of failure.
+
+Every failure that a user or an input can cause derives from :class:`StreamappError`. The
+``streamapp`` command and the worker print it as ``streamapp: error: <what> — <fix>`` and exit
+with its :attr:`~StreamappError.exit_code`; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of ``streamapp`` and of a worker that refuses to start (README, Exit codes)."""
+
+    FAILURE = 1  # an expected failure with no code of its own (a demo check, a corrupt file, ...)
+    USAGE = 2  # a bad flag, a bad STREAMAPP_* setting, a bad size or duration
+    NOT_RUNNING = 3  # `streamapp broker status`: no broker runs
+    NO_JAVA = 4  # no Java 17+ for the local broker
+    NO_MAVEN = 5  # the Kafka jars are missing and Maven is not there to fetch them
+    NO_BROKER = 6  # no Kafka broker answers at STREAMAPP_BROKER
+    PORT_BUSY = 7  # a port the command must listen on is taken
+
+
+class StreamappError(Exception):
+    """An expected failure. ``str()`` is one line: what went wrong, then how to fix it."""
+
+    exit_code: int = ExitCode.FAILURE
+
+    def __init__(self, what: str = "", fix: str | None = None, *, exit_code: int | None = None) -> None:
+        self.what = what
+        self.fix = fix
+        if exit_code is not None:
+            self.exit_code = exit_code
+        super().__init__(f"{what} — {fix}" if fix else what)
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message on one line, as the command prints it."""
+    return " ".join(str(error).split())
+
+
+class UsageError(StreamappError):
+    """A bad flag or setting: the person running the command can fix it."""
+
+    exit_code = ExitCode.USAGE
+
+
+class BrokerUnreachable(StreamappError):
+    """No Kafka broker answers at the configured bootstrap servers."""
+
+    exit_code = ExitCode.NO_BROKER
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(f"no Kafka broker answers at {bootstrap}",
+                         "start one with `streamapp broker start`, or point STREAMAPP_BROKER at a running one")
