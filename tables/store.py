@@ -100,11 +100,15 @@ class JoinPartition:
         """Apply puts and deletes in order as one atomic batch (a join batch, recovery, standbys)."""
         batch = rocksdict.WriteBatch(raw_mode=True)
         staged: dict[bytes, Optional[_Described]] = {}
+        counted: list[tuple[bytes, int, int]] = []
         for key, value in changes:
             old = staged[key] if key in staged else _describe(self.db.get(key))
-            self._stage(batch, key, old, value)
+            self._stage(batch, key, old, value, counted)
             staged[key] = _describe(value)
+        # A write that fails (a full disk) changed nothing, so the totals change only after it.
         self.db.write(batch)
+        for kind, length, sign in counted:
+            self.stats.add(kind, length, sign)
 
 
     def due_by_deadline(self, kinds: Iterable[bytes], now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
@@ -180,14 +184,15 @@ class JoinPartition:
         if value is not None:
             found.append((key, value))
 
-    def _stage(self, batch, key: bytes, old: Optional[_Described], new: Optional[bytes]) -> None:
+    def _stage(self, batch, key: bytes, old: Optional[_Described], new: Optional[bytes],
+               counted: list[tuple[bytes, int, int]]) -> None:
         if old is not None:
             old_kind, old_deadline, old_event, old_length = old
             batch.delete(_BY_DEADLINE + old_kind + _TIME.pack(old_deadline) + key, self._index_handle)
             if old_kind in EntryKind.PENDING:
                 batch.delete(_event_prefix(old_kind, run_of(key)) + _TIME.pack(old_event) + key,
                              self._index_handle)
-            self.stats.add(old_kind, old_length, -1)
+            counted.append((old_kind, old_length, -1))
         if new is None:
             batch.delete(key)
             return
@@ -197,7 +202,7 @@ class JoinPartition:
                   self._index_handle)
         if kind in EntryKind.PENDING:
             batch.put(_event_prefix(kind, run_of(key)) + _TIME.pack(event_ms) + key, b"", self._index_handle)
-        self.stats.add(kind, len(new), +1)
+        counted.append((kind, len(new), +1))
 
     def _count(self) -> PartitionStats:
         # Bounded by what is pending (fps x TTL) plus markers, so a scan at open is cheap.
