@@ -3,6 +3,11 @@
 Writers check free space ahead of time (a reserve), but a write between checks can still meet
 "No space left on device". Either way the stage stops taking records (Kafka keeps them), logs
 why once per pause, shows it in a gauge, and resumes by itself once enough space is free again.
+
+RocksDB meets a full disk mostly in its background flushes; it then stops taking writes until a
+flush succeeds. A write that would wait for that is refused instead ("write stall", see
+tables/store.py), since waiting would block the event loop: a refused write is tried again
+shortly, and counts as a full disk while free space is short.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ T = TypeVar("T")
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # RocksDB reports a full disk as an untyped error carrying the OS message.
 _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
+_STALL_MESSAGE = "Write stall"
 # Free space below which a paused stage does not try again, even with no reserve configured.
 MIN_RESUME_BYTES = 4 * 1024**2
 
@@ -34,6 +40,10 @@ def is_disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
         return True
     return any(message in str(exc) for message in _FULL_MESSAGES)
+
+
+def is_write_stall(exc: BaseException) -> bool:
+    return _STALL_MESSAGE in str(exc)
 
 
 def free_bytes_of(path: Path) -> Callable[[], int]:
@@ -95,9 +105,8 @@ class SpacePause:
             try:
                 return await offload(write) if offload else write()
             except Exception as exc:  # noqa: BLE001 - RocksDB raises plain Exception
-                if not is_disk_full(exc):
-                    raise
-                self.pause(_first_line(exc))
+                self._met(exc)
+                await asyncio.sleep(self.poll_s)  # a stall with space free clears once RocksDB has flushed
 
     async def unless_full(self, work: Callable[[], Awaitable[object]]) -> None:
         """Run ``work`` (periodic upkeep) unless paused; one that meets a full disk pauses."""
@@ -106,9 +115,14 @@ class SpacePause:
         try:
             await work()
         except Exception as exc:  # noqa: BLE001 - RocksDB raises plain Exception
-            if not is_disk_full(exc):
-                raise
+            self._met(exc)
+
+    def _met(self, exc: Exception) -> None:
+        """Pause for a full disk, or a stall while space is short; re-raise anything else."""
+        if is_disk_full(exc) or (is_write_stall(exc) and self.free_bytes() < self.resume_bytes):
             self.pause(_first_line(exc))
+        elif not is_write_stall(exc):
+            raise exc
 
     def as_metrics(self, prefix: str = "") -> dict[str, float]:
         return {f"{prefix}disk_full_paused": int(self.paused),

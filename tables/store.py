@@ -43,6 +43,8 @@ _BY_EVENT = b"E"
 _TIME = struct.Struct(">Q")
 _INDEX_VALUE = struct.Struct(">cI")
 _LAST_TIME = b"\xff" * _TIME.size
+_NO_SLOWDOWN = rocksdict.WriteOptions()
+_NO_SLOWDOWN.no_slowdown = True
 
 
 def run_of(key: bytes) -> bytes:
@@ -96,8 +98,11 @@ class JoinPartition:
         """Put (or delete, when ``value`` is None) an entry and move its index keys with it."""
         self.write_many([(key, value)])
 
-    def write_many(self, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
-        """Apply puts and deletes in order as one atomic batch (a join batch, recovery, standbys)."""
+    def write_many(self, changes: Iterable[tuple[bytes, Optional[bytes]]], *, wait: bool = True) -> None:
+        """Apply puts and deletes in order as one atomic batch (a join batch, recovery, standbys).
+
+        With ``wait=False`` a write RocksDB would hold back (its flushes are behind, or failing on
+        a full disk) raises "Write stall" at once instead of blocking the thread."""
         batch = rocksdict.WriteBatch(raw_mode=True)
         staged: dict[bytes, Optional[_Described]] = {}
         counted: list[tuple[bytes, int, int]] = []
@@ -106,7 +111,7 @@ class JoinPartition:
             self._stage(batch, key, old, value, counted)
             staged[key] = _describe(value)
         # A write that fails (a full disk) changed nothing, so the totals change only after it.
-        self.db.write(batch)
+        self.db.write(batch, None if wait else _NO_SLOWDOWN)
         for kind, length, sign in counted:
             self.stats.add(kind, length, sign)
 
@@ -305,8 +310,8 @@ class JoinStore(faust_rocksdb.Store):
 
     def write_many(self, partition: int, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
         """Writes outside any event (the join's batches and sweeps); the caller sends the
-        changelog records."""
-        self.partition(partition).write_many(changes)
+        changelog records, and retries a write refused as a stall (streamapp.diskspace)."""
+        self.partition(partition).write_many(changes, wait=False)
 
     def _event_partition(self) -> int:
         event = current_event()

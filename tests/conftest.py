@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import uuid
 
 import pytest
@@ -42,6 +43,34 @@ def kafka_bootstrap(tmp_path_factory):
     finally:
         broker.stop()
         shutil.rmtree(broker.log_dirs, ignore_errors=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 MiB file system (tmpfs) at ``tmp_path / "disk"``, unmounted afterwards; needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 64 MiB tmpfs needs root")
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+def fill_disk(directory, leave_bytes: int = 0):
+    """Fill the file system of ``directory`` with one file, leaving about ``leave_bytes`` free;
+    returns the file (delete it to give the space back)."""
+    filler = directory / "filler"
+    with open(filler, "ab") as file:
+        while shutil.disk_usage(directory).free > leave_bytes:
+            try:
+                file.write(b"\0" * min(1024**2, max(4096, shutil.disk_usage(directory).free - leave_bytes)))
+                file.flush()
+            except OSError:
+                break
+    return filler
 
 
 @pytest.fixture
