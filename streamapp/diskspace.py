@@ -118,11 +118,15 @@ class SpacePause:
             self._met(exc)
 
     def _met(self, exc: Exception) -> None:
-        """Pause for a full disk, or a stall while space is short; re-raise anything else."""
-        if is_disk_full(exc) or (is_write_stall(exc) and self.free_bytes() < self.resume_bytes):
-            self.pause(_first_line(exc))
-        elif not is_write_stall(exc):
+        """Pause for a full disk or a stall while space is short; re-raise anything else. With
+        space free again, RocksDB goes on refusing writes for a few seconds until it has resumed
+        by itself: the caller tries again, without a new pause."""
+        if not (is_disk_full(exc) or is_write_stall(exc)):
             raise exc
+        if self.free_bytes() < self.resume_bytes:
+            self.pause(_first_line(exc))
+        else:
+            log.debug("%s: a write was refused with space free, tried again: %s", self.what, _first_line(exc))
 
     def as_metrics(self, prefix: str = "") -> dict[str, float]:
         return {f"{prefix}disk_full_paused": int(self.paused),

@@ -46,17 +46,30 @@ def kafka_bootstrap(tmp_path_factory):
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A real 64 MiB file system (tmpfs) at ``tmp_path / "disk"``, unmounted afterwards; needs root."""
+def small_disks(tmp_path):
+    """``mount(name)``: a real 64 MiB file system (tmpfs) at ``tmp_path / name``; all unmounted
+    afterwards. Needs root."""
     if os.geteuid() != 0:
         pytest.skip("mounting a 64 MiB tmpfs needs root")
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], check=True)
+    mounted = []
+
+    def mount(name: str):
+        mount_point = tmp_path / name
+        mount_point.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], check=True)
+        mounted.append(mount_point)
+        return mount_point
+
     try:
-        yield mount_point
+        yield mount
     finally:
-        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+        for mount_point in mounted:
+            subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def small_disk(small_disks):
+    return small_disks("disk")
 
 
 def fill_disk(directory, leave_bytes: int = 0):
