@@ -15,6 +15,7 @@ from conftest import fill_disk
 
 MIB = 1024**2
 PAYLOAD = 200 * 1024
+ENTRIES = 100  # 20 MB: fits the disk once the filler is gone, with room for the WAL and flushes
 
 
 def _memory() -> RocksMemory:
@@ -49,7 +50,7 @@ def test_a_write_on_a_full_disk_pauses_changes_nothing_and_goes_on_when_space_re
     async def scenario():
         nonlocal written
         freeing = asyncio.create_task(give_space_back_once_paused())
-        while written < 200:
+        while written < ENTRIES:
             key, value = _entry(written)
             await space.retry(lambda: partition.write_many([(key, value)], wait=False))
             written += 1
@@ -57,11 +58,11 @@ def test_a_write_on_a_full_disk_pauses_changes_nothing_and_goes_on_when_space_re
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
     assert space.pauses >= 1, "the disk never filled up"
-    assert partition.stats.entries == written == 200
+    assert partition.stats.entries == written == ENTRIES
     partition.close()
 
     reopened = _open(small_disk / "join-0", memory)
-    assert reopened.stats.entries == 200 and reopened.stats.pending_bytes == partition.stats.pending_bytes
-    assert all(reopened.get(_entry(index)[0]) is not None for index in range(200))
-    assert len(reopened.due_by_deadline(EntryKind.ALL, 10**9, 1000)) == 200
+    assert reopened.stats.entries == ENTRIES and reopened.stats.pending_bytes == partition.stats.pending_bytes
+    assert all(reopened.get(_entry(index)[0]) is not None for index in range(ENTRIES))
+    assert len(reopened.due_by_deadline(EntryKind.ALL, 10**9, 1000)) == ENTRIES
     reopened.close()
