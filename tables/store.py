@@ -34,6 +34,7 @@ from faust.stores import rocksdb as faust_rocksdb
 from faust.streams import current_event
 from faust.types import TP, EventT
 
+from streamapp.diskspace import is_disk_full, is_write_stall
 from streamapp.tables.entry import EntryKind, peek_times
 from streamapp.tables.memory import RocksMemory
 
@@ -307,6 +308,16 @@ class JoinStore(faust_rocksdb.Store):
             self.partition(number).write_many(changes)
         for tp, offset in offsets.items():
             self.set_persisted_offset(tp, offset)
+
+    def set_persisted_offset(self, tp: TP, offset: int) -> None:
+        """Faust writes this marker from a producer callback on the event loop, so it must never
+        wait for RocksDB. One refused (a stall or a full disk) is left to the next changelog
+        record's; until then recovery would only read a little more of the changelog."""
+        try:
+            self._db_for_partition(tp.partition).put(self.offset_key, str(offset).encode(), _NO_SLOWDOWN)
+        except Exception as exc:  # noqa: BLE001 - RocksDB raises plain Exception
+            if not (is_disk_full(exc) or is_write_stall(exc)):
+                raise
 
     def write_many(self, partition: int, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
         """Writes outside any event (the join's batches and sweeps); the caller sends the
