@@ -203,7 +203,7 @@ def register(stage) -> None:
                     marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),
                     latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
     record_limit = max_record_bytes(settings)
-    disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir)
+    disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
     frames_topic, results_topic = topics.frames.get_topic_name(), topics.detections.get_topic_name()
     start_offsets: dict[tuple[str, int], Optional[int]] = {}
     progress = ReadProgress(
@@ -264,7 +264,7 @@ def register(stage) -> None:
                 if delivery is not None:
                     deliveries.append(delivery)
         await asyncio.gather(*deliveries)
-        transaction.commit()
+        await disk.written(transaction.commit)
 
     @app.agent(both_sides, name="join")
     async def join(stream):
@@ -272,7 +272,7 @@ def register(stage) -> None:
             await disk.wait_for_space()
             async with window.lock:
                 await join_batch(events)
-                await expire_and_step()
+                await disk.unless_full(expire_and_step)
 
     async def refresh_start_offsets() -> None:
         """Where the consumer reads each input partition from, for "caught up" before this
@@ -292,5 +292,5 @@ def register(stage) -> None:
             return
         await refresh_start_offsets()
         async with window.lock:
-            await expire_and_step()
-            await disk.tend(window, on_due)
+            await disk.unless_full(expire_and_step)
+            await disk.unless_full(lambda: disk.tend(window, on_due))

@@ -1,19 +1,26 @@
-"""Sink stage: annotated frames on disk, one video per stream run, and contact sheets.
+"""Sink stage: annotated frames on disk, each stream run's video in segments, and contact sheets.
 
 Layout under ``out_dir``::
 
-    <stream>/<epoch>/frames/<index:08d>.jpg   annotated frames, written once each (idempotent)
-    <stream>/<epoch>/video.avi                 the frames in index order (MJPG)
+    <stream>/<epoch>/frames/<index:08d>.jpg              annotated frames, written once each (idempotent)
+    <stream>/<epoch>/video/<first:08d>-<last:08d>.avi    closed video segments, frames in index order (MJPG)
+    <stream>/<epoch>/video/<first:08d>.partial.avi       the segment being written
 
 The frame files are the record of what was written: a restarted sink skips frames that exist, and
-videos are rebuilt from the files. Videos are assembled by reading frames back from disk one at a
-time, so memory holds one decoded frame however out of order frames arrive.
+the open segment is rebuilt from the files. Videos are assembled by reading frames back from disk
+one at a time, so memory holds one decoded frame however out of order frames arrive. Each stream
+keeps at most ``STREAMAPP_SINK_DISK_BUDGET`` of frames and closed segments: past it, its oldest
+files are deleted (counted), so a frame redelivered after its file was deleted is written again.
 """
 
 from __future__ import annotations
 
+import collections
+import errno
+import logging
 import math
 import os
+import re
 import tempfile
 import time
 import zlib
@@ -25,14 +32,18 @@ import numpy as np
 
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp import preview, wire
+from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of
 from streamapp.preview import LatestFrames
 from streamapp.wire import Box, FrameId, Joined
+
+log = logging.getLogger(__name__)
 
 UNMATCHED_BANNER = "NO DETECTIONS (unmatched)"
 # Bright BGR colours that stand out on video; a label always gets the same one.
 _PALETTE = ((0, 255, 255), (255, 0, 255), (255, 255, 0), (0, 165, 255),
             (0, 255, 0), (255, 128, 255), (255, 255, 255), (128, 255, 128))
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
+_SEGMENT_NAME = re.compile(r"^(\d{8})-(\d{8})\.avi$")
 
 
 # --- drawing ----------------------------------------------------------------------------------
@@ -144,7 +155,61 @@ class FrameFileSink:
         return {"written": self.written, "duplicates": self.duplicates}
 
 
-# --- videos -----------------------------------------------------------------------------------
+# --- retention --------------------------------------------------------------------------------
+
+
+class StreamRetention:
+    """The newest ``budget_bytes`` of each stream's files (frames and closed segments) are kept;
+    past it, the stream's oldest files are deleted, counted. Files already on disk at start are
+    taken in the order they were last written."""
+
+    def __init__(self, out_dir: str | Path, budget_bytes: int) -> None:
+        self.out_dir = Path(out_dir)
+        self.budget_bytes = budget_bytes
+        self._files: dict[str, collections.deque[tuple[Path, int]]] = {}
+        self._bytes: collections.Counter[str] = collections.Counter()
+        self.deleted_files = 0
+        self.deleted_bytes = 0
+        self._adopt_existing()
+
+    def add(self, stream: str, path: Path) -> None:
+        size = path.stat().st_size
+        self._files.setdefault(stream, collections.deque()).append((path, size))
+        self._bytes[stream] += size
+        self._enforce(stream)
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(self._bytes.values())
+
+    def _enforce(self, stream: str) -> None:
+        files = self._files[stream]
+        while self._bytes[stream] > self.budget_bytes and len(files) > 1:
+            path, size = files.popleft()
+            path.unlink(missing_ok=True)
+            self._bytes[stream] -= size
+            self.deleted_files += 1
+            self.deleted_bytes += size
+
+    def _adopt_existing(self) -> None:
+        if not self.out_dir.is_dir():
+            return
+        for stream_dir in self.out_dir.iterdir():
+            if not stream_dir.is_dir():
+                continue
+            found = [(path.stat().st_mtime_ns, path) for path in stream_dir.glob("*/*/*")
+                     if path.suffix == ".jpg" or _SEGMENT_NAME.match(path.name)]
+            for _, path in sorted(found):
+                self.add(stream_dir.name, path)
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"sink_disk_budget_bytes": self.budget_bytes,
+                "sink_disk_bytes": self.kept_bytes,
+                "sink_retention_deleted_files_total": self.deleted_files,
+                "sink_retention_deleted_bytes_total": self.deleted_bytes}
+
+
+# --- videos ---------------------------------------------------------------------------------
 
 
 def _frame_indices(frames_dir: Path) -> list[int]:
@@ -155,27 +220,62 @@ def _frame_indices(frames_dir: Path) -> list[int]:
     return sorted(int(name[:-4]) for name in names if name.endswith(".jpg") and name[:-4].isdigit())
 
 
+def video_dir(out_dir: str | Path, stream: str, epoch: int) -> Path:
+    return epoch_dir(out_dir, stream, epoch) / "video"
+
+
+def segment_path(directory: Path, first: int, last: int) -> Path:
+    return directory / f"{first:08d}-{last:08d}.avi"
+
+
+def video_segments(out_dir: str | Path, stream: str, epoch: int) -> list[Path]:
+    """The finished segments of a run's video, in frame order."""
+    directory = video_dir(out_dir, stream, epoch)
+    if not directory.is_dir():
+        return []
+    return sorted(path for path in directory.iterdir() if _SEGMENT_NAME.match(path.name))
+
+
+def _last_index(segment: Path) -> int:
+    return int(_SEGMENT_NAME.match(segment.name).group(2))
+
+
+def _no_room() -> None:
+    """The default room check: none; the sink passes one that looks at the free space."""
+
+
 class VideoAssembler:
-    """Builds ``<stream>/<epoch>/video.avi`` from the frame files, in index order.
+    """Writes ``<stream>/<epoch>/video/<first>-<last>.avi`` segments from the frame files, in index order.
 
     :meth:`advance` appends every next frame that is on disk and stops at the first missing one.
     With ``gap_timeout_s`` a frame missing that long is given up on (counted in ``gaps``) once a
-    later frame exists; :meth:`finish` gives up on all missing frames and completes the file.
-    The video is written to ``video.partial.avi`` and renamed when finished (which ends the
-    assembler); a new assembler for the same run, e.g. after a restart, rebuilds it from frame 0,
-    so the video depends only on the frame files.
+    later frame exists; :meth:`finish` gives up on all missing frames and closes the segment.
+    A segment is closed once it holds ``segment_frames`` frames or ``segment_bytes`` of JPEG, so
+    the sink's retention can delete videos whole, oldest first. The open segment is written as
+    ``<first>.partial.avi`` and renamed when closed; a new assembler for the same run, e.g. after a
+    restart, deletes a partial one and goes on after the last closed segment.
+
+    OpenCV's writer does not report a full disk, so ``check_room`` (which raises DiskFull) is
+    asked before each frame, and a closed segment whose frame count is short is deleted and
+    written again from its first frame.
     """
 
     def __init__(self, out_dir: str | Path, stream: str, epoch: int, *, fps: float = 15.0,
-                 gap_timeout_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 gap_timeout_s: float | None = None, segment_frames: int = 900,
+                 segment_bytes: int = 256 * 1024**2, check_room: Callable[[], None] = _no_room,
+                 on_segment: Callable[[Path], None] = lambda path: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = epoch_dir(out_dir, stream, epoch)
         self.frames_dir = self.directory / "frames"
-        self.video_path = self.directory / "video.avi"
-        self._partial_path = self.directory / "video.partial.avi"
+        self.video_dir = video_dir(out_dir, stream, epoch)
         self.fps = fps
         self.gap_timeout_s = gap_timeout_s
+        self.segment_frames = segment_frames
+        self.segment_bytes = segment_bytes
+        self._check_room = check_room
+        self._on_segment = on_segment
         self._clock = clock
-        self.next_index = 0
+        self.next_index = self._resume_index(out_dir, stream, epoch)
         self.appended = 0
         self.gaps = 0
         self.unreadable = 0
@@ -183,6 +283,14 @@ class VideoAssembler:
         self._waiting_since: float | None = None
         self._writer: cv2.VideoWriter | None = None
         self._size: tuple[int, int] | None = None
+        self._segment_first = self.next_index
+        self._segment_frames = 0
+        self._segment_jpeg_bytes = 0
+
+    def _resume_index(self, out_dir: str | Path, stream: str, epoch: int) -> int:
+        for partial in self.video_dir.glob("*.partial.avi"):
+            partial.unlink()  # left by a process that was killed; its frames are still on disk
+        return max((_last_index(path) + 1 for path in video_segments(out_dir, stream, epoch)), default=0)
 
     def advance(self, limit: int | None = None) -> int:
         """Append the frames that are next in order, at most ``limit``; returns how many were appended.
@@ -194,7 +302,6 @@ class VideoAssembler:
             path = self._path(self.next_index)
             if path.exists():
                 self._append(path)
-                self.next_index += 1
                 appended += 1
                 self._waiting_since = None
                 continue
@@ -213,40 +320,78 @@ class VideoAssembler:
             self.last_progress = self._clock()
         return appended
 
-    def finish(self) -> Path | None:
-        """Append all remaining frames in index order, skipping missing ones, and complete the video."""
+    def finish(self) -> list[Path]:
+        """Append all remaining frames in index order, skipping missing ones, and close the
+        segment; returns the segments closed meanwhile."""
+        closed = []
         for index in _frame_indices(self.frames_dir):
             if index >= self.next_index:
                 self.gaps += index - self.next_index
-                self._append(self._path(index))
-                self.next_index = index + 1
+                self.next_index = index
+                closed += self._append(self._path(index))
+        segment = self.close_segment()
+        return closed + ([segment] if segment else [])
+
+    def close_segment(self) -> Path | None:
+        """Complete the open segment under its frame range; None if no segment is open."""
         if self._writer is None:
             return None
         self._writer.release()
         self._writer = None
-        os.replace(self._partial_path, self.video_path)
-        return self.video_path
+        partial = self._partial_path()
+        written = cv2.VideoCapture(str(partial))
+        complete = written.get(cv2.CAP_PROP_FRAME_COUNT) == self._segment_frames
+        written.release()
+        if not complete:  # cut short by a full disk: write it again from its first frame
+            partial.unlink(missing_ok=True)
+            self.next_index = self._segment_first
+            self._segment_frames = self._segment_jpeg_bytes = 0
+            raise DiskFull(errno.ENOSPC, f"video segment {partial} was cut short")
+        path = segment_path(self.video_dir, self._segment_first, self.next_index - 1)
+        os.replace(partial, path)
+        self._segment_first = self.next_index
+        self._segment_frames = self._segment_jpeg_bytes = 0
+        self._on_segment(path)
+        return path
 
     def _path(self, index: int) -> Path:
         return self.frames_dir / f"{index:08d}.jpg"
 
-    def _append(self, path: Path) -> None:
+    def _partial_path(self) -> Path:
+        return self.video_dir / f"{self._segment_first:08d}.partial.avi"
+
+    def _append(self, path: Path) -> list[Path]:
+        """Append the frame at ``next_index``; returns the segment it closed, if it closed one."""
+        self._check_room()
+        data = path.read_bytes()
         try:
-            image = decode_jpeg(path.read_bytes())
+            image = decode_jpeg(data)
         except CorruptFrame:
             self.unreadable += 1
-            return
+            self.next_index += 1
+            return []
         if self._writer is None:
-            self._size = (image.shape[1], image.shape[0])
-            self._writer = cv2.VideoWriter(str(self._partial_path), cv2.CAP_OPENCV_MJPEG,
-                                           cv2.VideoWriter_fourcc(*"MJPG"), self.fps, self._size)
-            if not self._writer.isOpened():
-                self._writer = None
-                raise OSError(f"cannot write video {self._partial_path}")
+            self._open(image)
         if (image.shape[1], image.shape[0]) != self._size:
             image = cv2.resize(image, self._size, interpolation=cv2.INTER_AREA)
         self._writer.write(image)
+        self.next_index += 1
         self.appended += 1
+        self._segment_frames += 1
+        self._segment_jpeg_bytes += len(data)
+        if self._segment_frames >= self.segment_frames or self._segment_jpeg_bytes >= self.segment_bytes:
+            return [self.close_segment()]
+        return []
+
+    def _open(self, image: np.ndarray) -> None:
+        self.video_dir.mkdir(parents=True, exist_ok=True)
+        self._segment_first = self.next_index
+        self._size = (image.shape[1], image.shape[0])
+        self._writer = cv2.VideoWriter(str(self._partial_path()), cv2.CAP_OPENCV_MJPEG,
+                                       cv2.VideoWriter_fourcc(*"MJPG"), self.fps, self._size)
+        if not self._writer.isOpened():
+            self._writer = None
+            raise OSError(f"cannot write video {self._partial_path()}")
 
     @property
     def counters(self) -> dict[str, int]:
@@ -256,16 +401,19 @@ class VideoAssembler:
 class VideoAssemblers:
     """One :class:`VideoAssembler` per stream run, finished once its run goes quiet.
 
-    A frame that arrives for a run after it was finished starts a new assembler, which rebuilds
-    that run's video from all its frame files.
+    A frame that arrives for a run after it was finished starts a new assembler, which goes on
+    after that run's last segment. Every segment closed is passed to ``on_segment``.
     """
 
     def __init__(self, out_dir: str | Path, *, fps: float = 15.0, gap_timeout_s: float | None = None,
-                 idle_finish_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 idle_finish_s: float = 60.0, segment_frames: int = 900, segment_bytes: int = 256 * 1024**2,
+                 check_room: Callable[[], None] = _no_room, on_segment: Callable[[Path], None] = lambda path: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.out_dir = Path(out_dir)
-        self.fps = fps
-        self.gap_timeout_s = gap_timeout_s
         self.idle_finish_s = idle_finish_s
+        self._options = dict(fps=fps, gap_timeout_s=gap_timeout_s, segment_frames=segment_frames,
+                             segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment,
+                             clock=clock)
         self._clock = clock
         self._active: dict[tuple[str, int], VideoAssembler] = {}
 
@@ -273,8 +421,7 @@ class VideoAssemblers:
         """Advance the run of ``frame_id``, starting an assembler for it if it has none."""
         key = (frame_id.stream, frame_id.epoch)
         if key not in self._active:
-            self._active[key] = VideoAssembler(self.out_dir, *key, fps=self.fps,
-                                               gap_timeout_s=self.gap_timeout_s, clock=self._clock)
+            self._active[key] = VideoAssembler(self.out_dir, *key, **self._options)
         return self._active[key].advance(limit)
 
     def advance_all(self, limit: int | None = None) -> int:
@@ -282,7 +429,7 @@ class VideoAssemblers:
         return sum(assembler.advance(limit) for assembler in self._active.values())
 
     def finish_idle(self) -> list[Path]:
-        """Finish the runs that appended nothing for ``idle_finish_s``; returns their videos."""
+        """Finish the runs that appended nothing for ``idle_finish_s``; returns the segments closed."""
         now = self._clock()
         idle = [key for key, assembler in self._active.items()
                 if now - assembler.last_progress >= self.idle_finish_s]
@@ -292,8 +439,11 @@ class VideoAssemblers:
         return self._finish(list(self._active))
 
     def _finish(self, keys: Iterable[tuple[str, int]]) -> list[Path]:
-        videos = (self._active.pop(key).finish() for key in keys)
-        return [video for video in videos if video is not None]
+        finished = []
+        for key in keys:
+            finished += self._active[key].finish()  # a full disk leaves the run active, to finish later
+            del self._active[key]
+        return finished
 
     @property
     def active(self) -> int:
@@ -349,30 +499,53 @@ def save_contact_sheet(path: str | Path, image_paths: Sequence[str | Path], colu
 
 # Frames appended to a video per call: bounds one call's time while a restarted sink catches up.
 VIDEO_STEP = 64
+# A video segment is closed after this long of frames (or an eighth of the stream's disk budget).
+SEGMENT_SECONDS = 60
+FPS = 15.0
 
 
 def register(stage) -> None:
-    """Faust agent: ``joined`` -> annotated frame files and one video per stream run.
+    """Faust agent: ``joined`` -> annotated frame files and each stream run's video segments.
 
     Frames leave the join out of order (unmatched ones a TTL later), so a missing frame is waited
-    for twice the longest a frame can take through the join before the video skips it.
+    for twice the longest a frame can take through the join before the video skips it. A full
+    disk pauses the agent (Kafka keeps the records) until space returns; on stop every open
+    segment is closed.
     """
     settings = stage.settings
+    out_free = free_bytes_of(settings.out_dir)
+    space = SpacePause("the sink", out_free, resume_bytes=settings.disk_reserve_bytes)
+
+    def check_room() -> None:
+        if out_free() < settings.disk_reserve_bytes:
+            raise DiskFull(errno.ENOSPC, f"under {settings.disk_reserve_bytes} bytes free for video")
+
+    retention = StreamRetention(settings.out_dir, settings.sink_disk_budget_bytes)
     files = FrameFileSink(settings.out_dir, quality=settings.jpeg_quality)
-    videos = VideoAssemblers(settings.out_dir,
-                             gap_timeout_s=2 * (settings.join_ttl_s + settings.sweep_interval_s))
+    videos = VideoAssemblers(settings.out_dir, fps=FPS,
+                             gap_timeout_s=2 * (settings.join_ttl_s + settings.sweep_interval_s),
+                             segment_frames=round(FPS * SEGMENT_SECONDS),
+                             segment_bytes=settings.sink_disk_budget_bytes // 8, check_room=check_room,
+                             on_segment=lambda path: retention.add(path.parent.parent.parent.name, path))
     stage.metrics.add_gauges(lambda: {"sink_frames_written_total": files.written,
                                       "sink_duplicates_total": files.duplicates,
-                                      "sink_videos_active": videos.active})
+                                      "sink_videos_active": videos.active,
+                                      **retention.as_metrics(), **space.as_metrics("sink_")})
     latest = LatestFrames(settings.preview_bytes)
     preview.register(stage, latest)
     stage.metrics.declare("sink_records_in_total")
 
-    def write(joined: Joined) -> None:
+    def write_frame(joined: Joined) -> bytes | None:
         jpeg = files.write_annotated(joined)
         if jpeg is not None:
+            retention.add(joined.frame.id.stream, files.path_for(joined.frame.id))
+        return jpeg
+
+    async def write(joined: Joined) -> None:
+        jpeg = await space.retry(lambda: write_frame(joined), offload=stage.offload)
+        if jpeg is not None:
             latest.show(joined, jpeg)
-            videos.advance(joined.frame.id, limit=VIDEO_STEP)
+            await space.retry(lambda: videos.advance(joined.frame.id, limit=VIDEO_STEP), offload=stage.offload)
 
     @stage.app.agent(stage.topics.joined, name="sink")
     async def sink(stream):
@@ -380,7 +553,7 @@ def register(stage) -> None:
             stage.metrics.inc("sink_records_in_total")
             try:
                 joined = wire.decode_joined(event.value, max_frame_bytes=settings.max_frame_bytes)
-                await stage.offload(write, joined)
+                await write(joined)
             except (wire.WireError, *UNUSABLE_PIXELS) as exc:
                 await stage.dead_letters.send(event, stage="sink", reason=str(exc))
 
@@ -390,4 +563,11 @@ def register(stage) -> None:
 
     @stage.app.timer(1.0, name="sink-videos")
     async def tend():
-        await stage.offload(tend_videos)
+        await space.unless_full(lambda: stage.offload(tend_videos))
+
+    @stage.app.on_before_shutdown.connect
+    async def finish_videos(app, **kwargs) -> None:
+        try:
+            await stage.offload(videos.finish_all)
+        except DiskFull as exc:  # the partial segment is rebuilt from its frames at the next start
+            log.warning("could not finish the videos on stop: %s", exc)

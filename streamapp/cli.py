@@ -116,14 +116,17 @@ def run_broker(args: argparse.Namespace) -> int:
 
 def configure_topics(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Create the pipeline's topics with their partitions and configs "
-                          "(settings from STREAMAPP_* variables) and check they are co-partitioned.")
+                          "(settings from STREAMAPP_* variables) and check they are co-partitioned. "
+                          "Prints how STREAMAPP_BROKER_DISK_BUDGET is split over the topics, and "
+                          "refuses a budget they cannot fit in.")
     parser.add_argument("action", choices=["create"])
 
 
 def run_topics(args: argparse.Namespace) -> int:
-    from streamapp.topics import ensure_topics
+    from streamapp.topics import disk_plan, ensure_topics
 
     settings = Settings.from_env()
+    print(disk_plan(settings).describe())  # refuses a plan that cannot fit before touching the broker
     created = asyncio.run(ensure_topics(settings))
     print(f"topics ready on {settings.bootstrap_servers}; created: {', '.join(created) or 'none'}")
     return 0

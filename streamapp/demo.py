@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import assets, wire
-from streamapp.agents.sink import VideoAssembler, frame_path, save_contact_sheet
+from streamapp.agents.sink import VideoAssembler, frame_path, save_contact_sheet, video_segments
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames, video_file_frames
 from streamapp.broker import LocalBroker, default_data_dir, free_port, port_in_use
 from streamapp.errors import StreamappError
@@ -332,8 +332,9 @@ def _summary(options: DemoOptions, settings: Settings, produced: Produced, outco
 
 def _write_outputs(out: Path, produced: Produced, summary: dict) -> None:
     runs = sorted({(frame_id.stream, frame_id.epoch) for frame_id in produced.truth})
-    videos = [str(VideoAssembler(out, stream, epoch).finish()) for stream, epoch in runs]
-    summary["videos"] = [str(Path(video).relative_to(out)) for video in videos if video != "None"]
+    for stream, epoch in runs:  # segments the sink had not closed (it closes them when stopped)
+        VideoAssembler(out, stream, epoch).finish()
+    summary["videos"] = [str(segment.relative_to(out)) for run in runs for segment in video_segments(out, *run)]
     save_contact_sheet(out / "contact_sheet.png", [frame_path(out, frame_id) for frame_id in _sheet_frames(produced)])
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 

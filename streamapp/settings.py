@@ -54,8 +54,13 @@ class Settings:
     overload: str = BACKPRESSURE
     # Bytes the worker's tables may take on disk; near it the oldest pending entries expire early.
     disk_budget_bytes: int = 4 * 1024**3
+    # Free space kept on the join's and the sink's file systems: below it they pause.
+    disk_reserve_bytes: int = 64 * 1024**2
+    # The broker's log for all the pipeline's topics; split into retention per partition.
+    broker_disk_budget_bytes: int = 24 * 1024**3
+    # The sink's frames and video segments per stream; past it the oldest files are deleted.
+    sink_disk_budget_bytes: int = 2 * 1024**3
     input_retention_s: float = 3600.0
-    input_retention_bytes: int = 1024**3
     data_dir: Path = Path("data")
     out_dir: Path = Path("out")
     web_port: int = 6066
@@ -103,6 +108,8 @@ class Settings:
                  f"STREAMAPP_OVERLOAD must be one of {', '.join(OVERLOAD_POLICIES)}")
         _require(self.disk_budget_bytes >= 64 * 1024**2 + 4 * self.max_frame_bytes,
                  "STREAMAPP_DISK_BUDGET must be at least 64MiB plus 4 frames of STREAMAPP_MAX_FRAME_BYTES")
+        _require(self.sink_disk_budget_bytes >= 8 * self.max_frame_bytes,
+                 "STREAMAPP_SINK_DISK_BUDGET must hold at least 8 frames of STREAMAPP_MAX_FRAME_BYTES")
         _require(1 <= self.jpeg_quality <= 100, "STREAMAPP_JPEG_QUALITY must be 1..100")
         _require(self.resize_width >= 16 and self.resize_height >= 16,
                  "STREAMAPP_RESIZE must be at least 16x16")
@@ -240,7 +247,9 @@ _ENV = {
     "overload": ("STREAMAPP_OVERLOAD", _text),
     "disk_budget_bytes": ("STREAMAPP_DISK_BUDGET", _size),
     "input_retention_s": ("STREAMAPP_INPUT_RETENTION", _duration),
-    "input_retention_bytes": ("STREAMAPP_INPUT_RETENTION_BYTES", _size),
+    "disk_reserve_bytes": ("STREAMAPP_DISK_RESERVE", _size),
+    "broker_disk_budget_bytes": ("STREAMAPP_BROKER_DISK_BUDGET", _size),
+    "sink_disk_budget_bytes": ("STREAMAPP_SINK_DISK_BUDGET", _size),
     "data_dir": ("STREAMAPP_DATA_DIR", _path),
     "out_dir": ("STREAMAPP_OUT_DIR", _path),
     "web_port": ("STREAMAPP_WEB_PORT", _int),

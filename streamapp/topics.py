@@ -1,7 +1,11 @@
 """Topic names, their broker configs, creation, and the co-partitioning check (R9, R13, R6).
 
 The app creates its topics itself (brokers run with auto-creation off) so that every topic has an
-explicit partition count, retention in time and bytes, and one frame-size limit. Topics that feed
+explicit partition count, retention in time and bytes, and one frame-size limit. The bytes come
+from one broker disk budget (:func:`disk_plan`): after a reserve for the broker's own topics, each
+partition of every topic (the join's changelog included) gets an equal share, which holds its
+active segment plus ``retention.bytes``. Kafka deletes whole closed segments once a partition is
+over its retention, so a partition stays within retention plus the segment being written. Topics that feed
 the join must agree on partition count: a frame and its result meet only if their common bucket
 key lands on the same partition number on both topics. A worker checks this before it starts.
 """
@@ -15,10 +19,15 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from streamapp.settings import Settings
+from streamapp.units import format_bytes
 
 # Room for the wire header and Kafka's own record overhead on top of the largest JPEG.
 RECORD_OVERHEAD_BYTES = 64 * 1024
 JOIN_TABLE = "join"
+# The broker's own topics (consumer offsets, its metadata log) out of the broker disk budget.
+BROKER_OWN_BYTES = 256 * 1024**2
+# Segments roll at most this large, so retention drops the oldest data in small steps.
+MAX_SEGMENT_BYTES = 64 * 1024**2
 _UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
@@ -54,15 +63,90 @@ def changelog_name(settings: Settings) -> str:
     return f"{settings.group_id}-{JOIN_TABLE}-changelog"
 
 
+@dataclasses.dataclass(frozen=True)
+class PlannedTopic:
+    """One topic's share of the broker disk: every partition holds ``retention_bytes`` plus the
+    segment being written."""
+
+    name: str
+    partitions: int
+    retention_bytes: int
+    segment_bytes: int
+
+    @property
+    def bytes_each(self) -> int:
+        return self.retention_bytes + self.segment_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.partitions * self.bytes_each
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskPlan:
+    budget_bytes: int
+    topics: tuple[PlannedTopic, ...]
+    broker_own_bytes: int = BROKER_OWN_BYTES
+
+    @property
+    def total_bytes(self) -> int:
+        return self.broker_own_bytes + sum(topic.total_bytes for topic in self.topics)
+
+    def topic(self, name: str) -> PlannedTopic:
+        return next(topic for topic in self.topics if topic.name == name)
+
+    def describe(self) -> str:
+        """The plan as a table: topic, partitions, bytes each, total."""
+        rows = [("topic", "partitions", "bytes each", "total")]
+        rows += [(topic.name, str(topic.partitions), format_bytes(topic.bytes_each), format_bytes(topic.total_bytes))
+                 for topic in self.topics]
+        rows.append(("(broker's own topics)", "", "", format_bytes(self.broker_own_bytes)))
+        rows.append(("total", "", "", f"{format_bytes(self.total_bytes)} of {format_bytes(self.budget_bytes)}"))
+        widths = [max(len(row[column]) for row in rows) for column in range(4)]
+        return "\n".join("  ".join(cell.ljust(width) if column == 0 else cell.rjust(width)
+                                   for column, (cell, width) in enumerate(zip(row, widths))).rstrip()
+                         for row in rows)
+
+
+def _partition_counts(settings: Settings) -> dict[str, int]:
+    names = topic_names(settings)
+    counts = {names[kind]: settings.partitions for kind in ("frames", "scaled", "detections", "joined")}
+    counts[names["deadletter"]] = 1
+    counts[changelog_name(settings)] = settings.partitions
+    return counts
+
+
+def disk_plan(settings: Settings) -> DiskPlan:
+    """Split ``STREAMAPP_BROKER_DISK_BUDGET`` over every partition; refuse a budget too small for
+    each partition to keep one closed segment beside the one being written."""
+    counts = _partition_counts(settings)
+    partitions = sum(counts.values())
+    share = max(0, settings.broker_disk_budget_bytes - BROKER_OWN_BYTES) // partitions
+    # A segment holds at least two of the largest records, or the broker rolls one per record.
+    smallest_segment = 2 * max_record_bytes(settings)
+    segment = max(smallest_segment, min(MAX_SEGMENT_BYTES, share // 4))
+    if share < 2 * segment:
+        needed = BROKER_OWN_BYTES + partitions * 2 * smallest_segment
+        raise TopicError(
+            f"STREAMAPP_BROKER_DISK_BUDGET={format_bytes(settings.broker_disk_budget_bytes)} cannot hold "
+            f"{partitions} partitions of 2 segments of {format_bytes(smallest_segment)} each plus "
+            f"{format_bytes(BROKER_OWN_BYTES)} for the broker's own topics: it needs at least "
+            f"{format_bytes(needed)}; raise it, or lower STREAMAPP_PARTITIONS or STREAMAPP_MAX_FRAME_BYTES")
+    topics = tuple(PlannedTopic(name, count, share - segment, segment) for name, count in counts.items())
+    return DiskPlan(settings.broker_disk_budget_bytes, topics)
+
+
 def changelog_config(settings: Settings) -> dict[str, str]:
     """Compacted so tombstones remove expired and joined entries; rolled often so the cleaner can
-    reach them (it never compacts the active segment); deleted after an hour as a backstop, far
-    beyond the longest an entry can live."""
+    reach them (it never compacts the active segment); deleted after an hour, or past its share
+    of the broker disk, as a backstop far beyond the longest an entry can live."""
+    planned = disk_plan(settings).topic(changelog_name(settings))
     return {
         "cleanup.policy": "compact,delete",
         "retention.ms": str(3600 * 1000),
+        "retention.bytes": str(planned.retention_bytes),
         "segment.ms": str(60 * 1000),
-        "segment.bytes": str(max(64 * 1024**2, 2 * max_record_bytes(settings))),
+        "segment.bytes": str(planned.segment_bytes),
         "min.cleanable.dirty.ratio": "0.1",
         "delete.retention.ms": str(60 * 1000),
         "max.message.bytes": str(max_record_bytes(settings)),
@@ -72,24 +156,27 @@ def changelog_config(settings: Settings) -> dict[str, str]:
 def topic_specs(settings: Settings, *, with_changelog: bool = False) -> list[TopicSpec]:
     """The pipeline's topics; the join changelog only for the worker that owns the join table."""
     names = topic_names(settings)
-    bounded = {
-        "cleanup.policy": "delete",
-        "retention.ms": str(int(settings.input_retention_s * 1000)),
-        "retention.bytes": str(settings.input_retention_bytes),
-        "segment.bytes": str(max(64 * 1024**2, 2 * max_record_bytes(settings))),
-        "segment.ms": str(10 * 60 * 1000),
-        "max.message.bytes": str(max_record_bytes(settings)),
-    }
-    count = settings.partitions
-    specs = [
-        TopicSpec(names["frames"], count, bounded, feeds_join=True),
-        TopicSpec(names["scaled"], count, bounded),
-        TopicSpec(names["detections"], count, bounded, feeds_join=True),
-        TopicSpec(names["joined"], count, bounded),
-        TopicSpec(names["deadletter"], 1, {**bounded, "retention.ms": str(7 * 24 * 3600 * 1000)}),
-    ]
+    plan = disk_plan(settings)
+
+    def bounded(name: str, retention_ms: int) -> dict[str, str]:
+        planned = plan.topic(name)
+        return {
+            "cleanup.policy": "delete",
+            "retention.ms": str(retention_ms),
+            "retention.bytes": str(planned.retention_bytes),
+            "segment.bytes": str(planned.segment_bytes),
+            "segment.ms": str(10 * 60 * 1000),
+            "max.message.bytes": str(max_record_bytes(settings)),
+        }
+
+    retention_ms = int(settings.input_retention_s * 1000)
+    specs = [TopicSpec(names[kind], settings.partitions, bounded(names[kind], retention_ms),
+                       feeds_join=kind in ("frames", "detections"))
+             for kind in ("frames", "scaled", "detections", "joined")]
+    specs.append(TopicSpec(names["deadletter"], 1, bounded(names["deadletter"], 7 * 24 * 3600 * 1000)))
     if with_changelog:
-        specs.append(TopicSpec(changelog_name(settings), count, changelog_config(settings), feeds_join=True))
+        specs.append(TopicSpec(changelog_name(settings), settings.partitions, changelog_config(settings),
+                               feeds_join=True))
     return specs
 
 

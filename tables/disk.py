@@ -7,10 +7,12 @@ Two limits, checked every sweep:
   leave flagged unmatched and the changelog gets their records), until the pending bytes are
   back under 75 %; then the partitions are compacted so the space returns now, not at RocksDB's
   next compaction. Each early expiry is counted.
-* the free space of the file system that holds the data directory: below a reserve, the join
-  stops taking records (its agent waits; Kafka keeps them) and logs why, and goes on by itself
-  when space returns. RocksDB never meets a full disk mid-write, so the store never goes
-  read-only or half-written, and the worker never exits into a crash loop.
+* the free space of the file system that holds the data directory: below a reserve
+  (``STREAMAPP_DISK_RESERVE``), the join stops taking records (its agent waits; Kafka keeps them)
+  and logs why, and goes on by itself when space returns. A write that meets a full disk between
+  two checks fails whole (one atomic RocksDB batch), pauses the join the same way, and is tried
+  again once space is back; RocksDB resumes by itself. So the store is never half-written, and
+  the worker never exits into a crash loop.
 """
 
 from __future__ import annotations
@@ -18,51 +20,47 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import shutil
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Awaitable, Callable, Optional
 
+from streamapp.diskspace import SpacePause, free_bytes_of
 from streamapp.units import format_bytes
 
 log = logging.getLogger(__name__)
 
 EXPIRE_FROM = 0.90      # of the budget: start expiring the oldest entries early
 EXPIRE_DOWN_TO = 0.75   # of the budget: stop when pending bytes are back under this
-# Free space RocksDB needs to flush memtables and compact without meeting a full disk.
-FULL_DISK_RESERVE_BYTES = 64 * 1024**2
 
 
 class DiskGuard:
-    def __init__(self, budget_bytes: int, data_dir: Path, *,
-                 free_bytes: Optional[Callable[[], int]] = None,
-                 reserve_bytes: int = FULL_DISK_RESERVE_BYTES) -> None:
+    def __init__(self, budget_bytes: int, data_dir: Path, *, reserve_bytes: int,
+                 free_bytes: Optional[Callable[[], int]] = None) -> None:
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
-        self._free_bytes = free_bytes or (lambda: shutil.disk_usage(data_dir).free)
-        self._space = asyncio.Event()
-        self._space.set()
+        self.space = SpacePause("the join", free_bytes or free_bytes_of(data_dir), resume_bytes=reserve_bytes)
         self.early_expired = 0
-        self.full_disk_pauses = 0
 
     @property
     def paused(self) -> bool:
-        return not self._space.is_set()
+        return self.space.paused
 
     async def wait_for_space(self) -> None:
         """Returns at once unless the disk is full; then when space has come back."""
-        if not self._space.is_set():
-            await self._space.wait()
+        await self.space.wait()
 
     def check_free_space(self) -> None:
-        free = self._free_bytes()
-        if free < self.reserve_bytes and not self.paused:
-            self.full_disk_pauses += 1
-            self._space.clear()
-            log.error("disk full: %s free, the join needs %s; it takes no records until space returns "
-                      "(nothing is lost: they wait in Kafka)", format_bytes(free), format_bytes(self.reserve_bytes))
-        elif free >= self.reserve_bytes and self.paused:
-            self._space.set()
-            log.warning("disk space is back (%s free); the join goes on", format_bytes(free))
+        if not self.space.check() and self.space.free_bytes() < self.reserve_bytes:
+            self.space.pause(f"{format_bytes(self.space.free_bytes())} free, under the reserve of "
+                             f"{format_bytes(self.reserve_bytes)}")
+
+    async def written(self, write: Callable[[], None]) -> None:
+        """Run a store write, waiting out a full disk for as long as it lasts."""
+        await self.space.retry(write)
+
+    async def unless_full(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work`` (a sweep) unless the disk is full; one that meets a full disk pauses the
+        join and leaves its entries as they were, for a sweep after space returns."""
+        await self.space.unless_full(work)
 
     async def tend(self, window, on_due) -> None:
         """One check of both limits; expires early and compacts when over the budget."""
@@ -85,8 +83,7 @@ class DiskGuard:
     def as_metrics(self) -> dict[str, float]:
         return {"disk_budget_bytes": self.budget_bytes,
                 "disk_early_expired_total": self.early_expired,
-                "disk_full_pauses_total": self.full_disk_pauses,
-                "disk_full_paused": int(self.paused)}
+                **self.space.as_metrics()}
 
 
 def deadline_to_free(partitions, excess_bytes: int) -> Optional[int]:

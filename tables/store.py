@@ -34,6 +34,7 @@ from faust.stores import rocksdb as faust_rocksdb
 from faust.streams import current_event
 from faust.types import TP, EventT
 
+from streamapp.diskspace import is_disk_full, is_write_stall
 from streamapp.tables.entry import EntryKind, peek_times
 from streamapp.tables.memory import RocksMemory
 
@@ -43,6 +44,8 @@ _BY_EVENT = b"E"
 _TIME = struct.Struct(">Q")
 _INDEX_VALUE = struct.Struct(">cI")
 _LAST_TIME = b"\xff" * _TIME.size
+_NO_SLOWDOWN = rocksdict.WriteOptions()
+_NO_SLOWDOWN.no_slowdown = True
 
 
 def run_of(key: bytes) -> bytes:
@@ -96,15 +99,22 @@ class JoinPartition:
         """Put (or delete, when ``value`` is None) an entry and move its index keys with it."""
         self.write_many([(key, value)])
 
-    def write_many(self, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
-        """Apply puts and deletes in order as one atomic batch (a join batch, recovery, standbys)."""
+    def write_many(self, changes: Iterable[tuple[bytes, Optional[bytes]]], *, wait: bool = True) -> None:
+        """Apply puts and deletes in order as one atomic batch (a join batch, recovery, standbys).
+
+        With ``wait=False`` a write RocksDB would hold back (its flushes are behind, or failing on
+        a full disk) raises "Write stall" at once instead of blocking the thread."""
         batch = rocksdict.WriteBatch(raw_mode=True)
         staged: dict[bytes, Optional[_Described]] = {}
+        counted: list[tuple[bytes, int, int]] = []
         for key, value in changes:
             old = staged[key] if key in staged else _describe(self.db.get(key))
-            self._stage(batch, key, old, value)
+            self._stage(batch, key, old, value, counted)
             staged[key] = _describe(value)
-        self.db.write(batch)
+        # A write that fails (a full disk) changed nothing, so the totals change only after it.
+        self.db.write(batch, None if wait else _NO_SLOWDOWN)
+        for kind, length, sign in counted:
+            self.stats.add(kind, length, sign)
 
 
     def due_by_deadline(self, kinds: Iterable[bytes], now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
@@ -180,14 +190,15 @@ class JoinPartition:
         if value is not None:
             found.append((key, value))
 
-    def _stage(self, batch, key: bytes, old: Optional[_Described], new: Optional[bytes]) -> None:
+    def _stage(self, batch, key: bytes, old: Optional[_Described], new: Optional[bytes],
+               counted: list[tuple[bytes, int, int]]) -> None:
         if old is not None:
             old_kind, old_deadline, old_event, old_length = old
             batch.delete(_BY_DEADLINE + old_kind + _TIME.pack(old_deadline) + key, self._index_handle)
             if old_kind in EntryKind.PENDING:
                 batch.delete(_event_prefix(old_kind, run_of(key)) + _TIME.pack(old_event) + key,
                              self._index_handle)
-            self.stats.add(old_kind, old_length, -1)
+            counted.append((old_kind, old_length, -1))
         if new is None:
             batch.delete(key)
             return
@@ -197,7 +208,7 @@ class JoinPartition:
                   self._index_handle)
         if kind in EntryKind.PENDING:
             batch.put(_event_prefix(kind, run_of(key)) + _TIME.pack(event_ms) + key, b"", self._index_handle)
-        self.stats.add(kind, len(new), +1)
+        counted.append((kind, len(new), +1))
 
     def _count(self) -> PartitionStats:
         # Bounded by what is pending (fps x TTL) plus markers, so a scan at open is cheap.
@@ -298,10 +309,20 @@ class JoinStore(faust_rocksdb.Store):
         for tp, offset in offsets.items():
             self.set_persisted_offset(tp, offset)
 
+    def set_persisted_offset(self, tp: TP, offset: int) -> None:
+        """Faust writes this marker from a producer callback on the event loop, so it must never
+        wait for RocksDB. One refused (a stall or a full disk) is left to the next changelog
+        record's; until then recovery would only read a little more of the changelog."""
+        try:
+            self._db_for_partition(tp.partition).put(self.offset_key, str(offset).encode(), _NO_SLOWDOWN)
+        except Exception as exc:  # noqa: BLE001 - RocksDB raises plain Exception
+            if not (is_disk_full(exc) or is_write_stall(exc)):
+                raise
+
     def write_many(self, partition: int, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
         """Writes outside any event (the join's batches and sweeps); the caller sends the
-        changelog records."""
-        self.partition(partition).write_many(changes)
+        changelog records, and retries a write refused as a stall (streamapp.diskspace)."""
+        self.partition(partition).write_many(changes, wait=False)
 
     def _event_partition(self) -> int:
         event = current_event()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import uuid
 
 import pytest
@@ -42,6 +43,47 @@ def kafka_bootstrap(tmp_path_factory):
     finally:
         broker.stop()
         shutil.rmtree(broker.log_dirs, ignore_errors=True)
+
+
+@pytest.fixture
+def small_disks(tmp_path):
+    """``mount(name)``: a real 64 MiB file system (tmpfs) at ``tmp_path / name``; all unmounted
+    afterwards. Needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 64 MiB tmpfs needs root")
+    mounted = []
+
+    def mount(name: str):
+        mount_point = tmp_path / name
+        mount_point.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], check=True)
+        mounted.append(mount_point)
+        return mount_point
+
+    try:
+        yield mount
+    finally:
+        for mount_point in mounted:
+            subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def small_disk(small_disks):
+    return small_disks("disk")
+
+
+def fill_disk(directory, leave_bytes: int = 0):
+    """Fill the file system of ``directory`` with one file, leaving about ``leave_bytes`` free;
+    returns the file (delete it to give the space back)."""
+    filler = directory / "filler"
+    with open(filler, "ab") as file:
+        while shutil.disk_usage(directory).free > leave_bytes:
+            try:
+                file.write(b"\0" * min(1024**2, max(4096, shutil.disk_usage(directory).free - leave_bytes)))
+                file.flush()
+            except OSError:
+                break
+    return filler
 
 
 @pytest.fixture

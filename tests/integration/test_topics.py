@@ -13,7 +13,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from streamapp.broker import free_port
 from streamapp.settings import Settings
-from streamapp.topics import TopicError, check_copartitioned, ensure_topics, topic_names
+from streamapp.topics import TopicError, check_copartitioned, disk_plan, ensure_topics, topic_names
 
 
 def settings_for(bootstrap: str, **changes) -> Settings:
@@ -40,18 +40,37 @@ async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
         await admin.close()
 
 
-def test_topics_are_created_with_bounded_retention_and_one_frame_limit(kafka_bootstrap):
-    settings = settings_for(kafka_bootstrap, max_frame_bytes=4 * 1024**2, partitions=3)
+def test_topics_are_created_with_the_disk_plan_and_one_frame_limit(kafka_bootstrap):
+    settings = settings_for(kafka_bootstrap, max_frame_bytes=4 * 1024**2, partitions=3,
+                            broker_disk_budget_bytes=6 * 1024**3)
     created = asyncio.run(ensure_topics(settings, with_changelog=True))
     assert len(created) == 6
+    plan = disk_plan(settings)
+    for planned in plan.topics:
+        config = asyncio.run(topic_config(kafka_bootstrap, planned.name))
+        assert int(config["retention.bytes"]) == planned.retention_bytes, planned.name
+        assert int(config["segment.bytes"]) == planned.segment_bytes, planned.name
+        assert int(config["max.message.bytes"]) == 4 * 1024**2 + 64 * 1024
+    assert sum(topic.partitions for topic in plan.topics) == 3 * 5 + 1
+    assert plan.total_bytes <= 6 * 1024**3
     frames = asyncio.run(topic_config(kafka_bootstrap, topic_names(settings)["frames"]))
     assert frames["cleanup.policy"] == "delete"
-    assert int(frames["retention.bytes"]) == settings.input_retention_bytes
-    assert int(frames["max.message.bytes"]) == 4 * 1024**2 + 64 * 1024
     changelog = asyncio.run(topic_config(kafka_bootstrap, f"{settings.group_id}-join-changelog"))
     assert changelog["cleanup.policy"] == "compact,delete"
     assert int(changelog["segment.ms"]) <= 60_000
     assert asyncio.run(ensure_topics(settings, with_changelog=True)) == []
+
+
+def test_topics_create_prints_the_plan_it_creates(kafka_bootstrap):
+    settings = settings_for(kafka_bootstrap, partitions=2, broker_disk_budget_bytes=4 * 1024**3)
+    finished = subprocess.run([sys.executable, "-m", "streamapp.cli", "topics", "create"],
+                              env={**settings.to_env(), "PATH": str(Path(sys.executable).parent)},
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.startswith(disk_plan(settings).describe())
+    joined = topic_names(settings)["joined"]
+    config = asyncio.run(topic_config(kafka_bootstrap, joined))
+    assert int(config["retention.bytes"]) == disk_plan(settings).topic(joined).retention_bytes
 
 
 def test_mismatched_partition_counts_are_refused_with_names_and_counts(kafka_bootstrap):

@@ -92,11 +92,11 @@ def test_a_full_disk_pauses_the_join_until_space_returns():
 
     async def scenario():
         guard.check_free_space()
-        assert guard.paused and guard.full_disk_pauses == 1
+        assert guard.paused and guard.space.pauses == 1
         waiting = asyncio.create_task(guard.wait_for_space())
         await asyncio.sleep(0.01)
         guard.check_free_space()  # still full: one pause, still waiting
-        assert not waiting.done() and guard.full_disk_pauses == 1
+        assert not waiting.done() and guard.space.pauses == 1
         free[0] = 1024 * MIB
         guard.check_free_space()
         await asyncio.wait_for(waiting, 1)

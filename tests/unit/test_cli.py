@@ -102,3 +102,13 @@ def test_a_fetch_that_fails_is_an_error_without_traceback(capsys, monkeypatch, t
 def test_demo_synthetic_and_video_exclude_each_other(capsys, tmp_path):
     assert main(["demo", "--synthetic", "--video", str(tmp_path / "a.mp4")]) == 2
     assert "--synthetic and --video exclude each other" in capsys.readouterr().err
+
+
+def test_topics_create_refuses_a_broker_budget_too_small_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("STREAMAPP_BROKER_DISK_BUDGET", "1GiB")
+    monkeypatch.setenv("STREAMAPP_BROKER", f"kafka://127.0.0.1:{free_port()}")  # never reached
+    assert main(["topics", "create"]) == 1
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert line.startswith("streamapp: error: STREAMAPP_BROKER_DISK_BUDGET=1.0GiB cannot hold 21 partitions")
+    assert captured.out == ""

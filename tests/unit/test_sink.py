@@ -9,6 +9,7 @@ from streamapp.agents.infer import ColorContourDetector, infer_frame
 from streamapp.agents.resize import resize_frame
 from streamapp.agents.sink import (
     FrameFileSink,
+    StreamRetention,
     VideoAssembler,
     VideoAssemblers,
     annotate,
@@ -16,7 +17,9 @@ from streamapp.agents.sink import (
     frame_path,
     label_colour,
     save_contact_sheet,
+    video_segments,
 )
+from streamapp.diskspace import DiskFull
 from streamapp.agents.source import SyntheticScene, to_frame
 from streamapp.imaging import CorruptFrame, decode_jpeg
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
@@ -114,6 +117,10 @@ def _write_frames(sink: FrameFileSink, indices, epoch=1):
         sink.write(Joined(_grey_frame(index, level=10 + 20 * index, epoch=epoch), None))
 
 
+def _levels_of(paths) -> list[float]:
+    return [level for path in paths for level in _video_levels(path)]
+
+
 def test_video_is_assembled_in_index_order_from_frames_arriving_out_of_order(tmp_path):
     sink = FrameFileSink(tmp_path)
     assembler = VideoAssembler(tmp_path, "cam", 1, fps=10)
@@ -123,12 +130,29 @@ def test_video_is_assembled_in_index_order_from_frames_arriving_out_of_order(tmp
         _write_frames(sink, [index])
         assembler.advance()
         assert assembler.next_index == min(set(range(13)) - set(order[: order.index(index) + 1]))
-    assert assembler.finish() == tmp_path / "cam" / "1" / "video.avi"
-    levels = _video_levels(assembler.video_path)
+    assert assembler.finish() == [tmp_path / "cam" / "1" / "video" / "00000000-00000011.avi"]
+    levels = _levels_of(video_segments(tmp_path, "cam", 1))
     assert len(levels) == 12
     assert levels == sorted(levels) and levels[0] < levels[-1] - 150
     assert assembler.counters == {"appended": 12, "gaps": 0, "unreadable": 0}
-    assert not (tmp_path / "cam" / "1" / "video.partial.avi").exists()
+    assert not list((tmp_path / "cam" / "1" / "video").glob("*.partial.avi"))
+
+
+def test_segments_close_at_their_frame_count_and_bytes(tmp_path):
+    sink = FrameFileSink(tmp_path)
+    closed = []
+    _write_frames(sink, range(10))
+    by_count = VideoAssembler(tmp_path, "cam", 1, segment_frames=4, on_segment=closed.append)
+    assert by_count.advance() == 10
+    assert [path.name for path in closed] == ["00000000-00000003.avi", "00000004-00000007.avi"]
+    assert [path.name for path in by_count.finish()] == ["00000008-00000009.avi"]
+    assert [len(_video_levels(path)) for path in video_segments(tmp_path, "cam", 1)] == [4, 4, 2]
+
+    _write_frames(sink, range(3), epoch=2)
+    two_jpegs = sum(sink.path_for(FrameId("cam", 2, index)).stat().st_size for index in (0, 1))
+    by_bytes = VideoAssembler(tmp_path, "cam", 2, segment_bytes=two_jpegs)
+    by_bytes.advance()
+    assert [path.name for path in video_segments(tmp_path, "cam", 2)] == ["00000000-00000001.avi"]
 
 
 class FakeClock:
@@ -153,7 +177,7 @@ def test_a_missing_frame_is_skipped_after_the_gap_timeout(tmp_path):
     _write_frames(sink, [3])  # too late: already given up on
     clock.now = 20.0
     assert assembler.advance() == 0
-    assert len(_video_levels(assembler.finish())) == 5
+    assert len(_levels_of(assembler.finish())) == 5
 
 
 def test_finish_skips_missing_frames_and_counts_them(tmp_path):
@@ -161,39 +185,76 @@ def test_finish_skips_missing_frames_and_counts_them(tmp_path):
     _write_frames(sink, [1, 2, 4, 9])
     assembler = VideoAssembler(tmp_path, "cam", 1)
     assert assembler.advance() == 0  # waiting for frame 0
-    assert len(_video_levels(assembler.finish())) == 4
+    assert len(_levels_of(assembler.finish())) == 4
     assert assembler.gaps == 6
 
 
 def test_finish_without_frames_writes_no_video(tmp_path):
     assembler = VideoAssembler(tmp_path, "cam", 1)
-    assert assembler.finish() is None
+    assert assembler.finish() == []
     assert not (tmp_path / "cam").exists()
 
 
-def test_a_restarted_assembler_rebuilds_the_video_from_the_frame_files(tmp_path):
+def test_a_restarted_assembler_rebuilds_the_open_segment_and_keeps_the_closed_ones(tmp_path):
     sink = FrameFileSink(tmp_path)
-    _write_frames(sink, range(5))
-    crashed = VideoAssembler(tmp_path, "cam", 1)
-    assert crashed.advance() == 5
+    _write_frames(sink, range(7))
+    crashed = VideoAssembler(tmp_path, "cam", 1, segment_frames=4)
+    assert crashed.advance() == 7  # one segment closed, three frames in the open one
+    assert len(list((tmp_path / "cam" / "1" / "video").glob("*.partial.avi"))) == 1
     del crashed  # never finished, as if the process had been killed
 
-    _write_frames(FrameFileSink(tmp_path), range(3, 10))  # replayed and new records
-    restarted = VideoAssembler(tmp_path, "cam", 1)
-    assert restarted.advance(limit=4) == 4  # catching up in bounded steps
-    assert restarted.advance() == 6
-    levels = _video_levels(restarted.finish())
+    _write_frames(FrameFileSink(tmp_path), range(5, 10))  # replayed and new records
+    restarted = VideoAssembler(tmp_path, "cam", 1, segment_frames=4)
+    assert restarted.next_index == 4
+    assert restarted.advance(limit=2) == 2  # catching up in bounded steps
+    assert restarted.advance() == 4
+    restarted.finish()
+    levels = _levels_of(video_segments(tmp_path, "cam", 1))
     assert len(levels) == 10 and levels == sorted(levels)
+    assert not list((tmp_path / "cam" / "1" / "video").glob("*.partial.avi"))
 
-    again = VideoAssembler(tmp_path, "cam", 1)  # rebuilding a finished run gives the same video
-    again.advance()
-    assert _video_levels(again.finish()) == levels
+    again = VideoAssembler(tmp_path, "cam", 1)  # a finished run has nothing left to add
+    assert again.advance() == 0 and again.finish() == []
+
+
+def test_a_full_disk_stops_the_video_before_the_frame_and_it_goes_on_after(tmp_path):
+    sink = FrameFileSink(tmp_path)
+    _write_frames(sink, range(6))
+    full = [False]
+
+    def check_room():
+        if full[0]:
+            raise DiskFull(28, "no room")
+
+    assembler = VideoAssembler(tmp_path, "cam", 1, segment_frames=4, check_room=check_room)
+    assert assembler.advance(limit=2) == 2
+    full[0] = True
+    with pytest.raises(DiskFull):
+        assembler.advance()
+    assert assembler.next_index == 2
+    full[0] = False
+    assert assembler.advance() == 4
+    assembler.finish()
+    assert [len(_video_levels(path)) for path in video_segments(tmp_path, "cam", 1)] == [4, 2]
+
+
+def test_a_segment_cut_short_is_written_again_from_its_first_frame(tmp_path):
+    sink = FrameFileSink(tmp_path)
+    _write_frames(sink, range(3))
+    assembler = VideoAssembler(tmp_path, "cam", 1)
+    assembler.advance()
+    assembler._segment_frames += 1  # the writer lost a frame, as on a full disk
+    with pytest.raises(DiskFull):
+        assembler.finish()
+    assert assembler.next_index == 0 and video_segments(tmp_path, "cam", 1) == []
+    assert [len(_video_levels(path)) for path in assembler.finish()] == [3]
 
 
 def test_assemblers_per_run_finish_when_idle(tmp_path):
     clock = FakeClock()
     sink = FrameFileSink(tmp_path)
-    assemblers = VideoAssemblers(tmp_path, idle_finish_s=30, clock=clock)
+    closed = []
+    assemblers = VideoAssemblers(tmp_path, idle_finish_s=30, on_segment=closed.append, clock=clock)
     for epoch in (1, 2):
         _write_frames(sink, range(3), epoch=epoch)
         assemblers.advance(FrameId("cam", epoch, 0))
@@ -202,10 +263,35 @@ def test_assemblers_per_run_finish_when_idle(tmp_path):
     _write_frames(sink, [3], epoch=2)
     assert assemblers.advance_all() == 1
     clock.now = 35.0
-    assert assemblers.finish_idle() == [tmp_path / "cam" / "1" / "video.avi"]
+    first = tmp_path / "cam" / "1" / "video" / "00000000-00000002.avi"
+    second = tmp_path / "cam" / "2" / "video" / "00000000-00000003.avi"
+    assert assemblers.finish_idle() == [first]
     assert assemblers.active == 1
-    assert assemblers.finish_all() == [tmp_path / "cam" / "2" / "video.avi"]
-    assert len(_video_levels(tmp_path / "cam" / "2" / "video.avi")) == 4
+    assert assemblers.finish_all() == [second]
+    assert closed == [first, second]
+    assert len(_video_levels(second)) == 4
+
+
+def test_retention_keeps_the_newest_bytes_of_each_stream_and_counts_what_it_deletes(tmp_path):
+    sink = FrameFileSink(tmp_path)
+    for stream in ("a", "b"):
+        for index in range(10):
+            sink.write(Joined(_grey_frame(index, stream=stream), None))
+    size = sink.path_for(FrameId("a", 1, 0)).stat().st_size
+    retention = StreamRetention(tmp_path, budget_bytes=int(4.5 * size))  # adopts the 20 files there
+    for stream in ("a", "b"):
+        kept = sorted(path.name for path in (tmp_path / stream / "1" / "frames").iterdir())
+        assert kept == [f"{index:08d}.jpg" for index in range(6, 10)]
+    assert (retention.deleted_files, retention.kept_bytes) == (12, 8 * size)
+
+    sink.write(Joined(_grey_frame(10, stream="a"), None))
+    retention.add("a", sink.path_for(FrameId("a", 1, 10)))
+    assert not sink.path_for(FrameId("a", 1, 6)).exists() and sink.path_for(FrameId("a", 1, 7)).exists()
+    assert retention.as_metrics()["sink_retention_deleted_files_total"] == 13
+    assert retention.deleted_bytes == 13 * size
+    # Within what is retained a repeat is a duplicate; a frame retention deleted is written again.
+    assert not sink.write(Joined(_grey_frame(9, stream="a"), None))
+    assert sink.write(Joined(_grey_frame(2, stream="a"), None))
 
 
 def test_contact_sheet(tmp_path):
