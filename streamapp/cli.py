@@ -28,7 +28,6 @@ from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VER
                               LocalBroker, default_data_dir, kafka_home)
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings, parse_stream_id
-from streamapp.topics import TopicError
 from streamapp.units import format_bytes
 
 
@@ -36,8 +35,7 @@ class CommandError(StreamappError, RuntimeError):
     """A subcommand failed in an expected way; the message is shown as is."""
 
 
-# TopicError is the one expected failure outside the StreamappError tree.
-EXPECTED_ERRORS: tuple[type[Exception], ...] = (StreamappError, TopicError)
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (StreamappError,)
 
 
 class Parser(argparse.ArgumentParser):

@@ -18,6 +18,8 @@ import dataclasses
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from streamapp.connect import quiet_logger
+from streamapp.errors import BrokerUnreachable, StreamappError
 from streamapp.settings import Settings
 from streamapp.units import format_bytes
 
@@ -31,7 +33,7 @@ MAX_SEGMENT_BYTES = 64 * 1024**2
 _UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
-class TopicError(RuntimeError):
+class TopicError(StreamappError, RuntimeError):
     """Topics are missing, mismatched or could not be created."""
 
 
@@ -186,9 +188,11 @@ async def ensure_topics(settings: Settings, *, with_changelog: bool = False,
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers,
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
-        await asyncio.wait_for(admin.start(), timeout_s)
-    except Exception as exc:
-        raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from None
+        with quiet_logger("aiokafka"):
+            await asyncio.wait_for(admin.start(), timeout_s)
+    except Exception:  # noqa: BLE001 - aiokafka raises several kinds for "nobody answers"
+        await admin.close()
+        raise BrokerUnreachable(settings.bootstrap_servers) from None
     try:
         specs = topic_specs(settings, with_changelog=with_changelog)
         existing = set(await admin.list_topics())

@@ -61,7 +61,8 @@ def test_a_bad_setting_exits_2_and_a_negative_duration_says_it_must_be_positive(
     assert "unit" not in proc.stderr
 
 
-@pytest.mark.parametrize("argv", [["produce", "--synthetic", "--frames", "3"], ["record", "--out", "x.rec"]])
+@pytest.mark.parametrize("argv", [["produce", "--synthetic", "--frames", "3"], ["record", "--out", "x.rec"],
+                                  ["topics", "create"]])
 def test_no_broker_exits_6_and_closes_its_client(tmp_path, argv):
     proc = run_cli(*argv, env=no_broker(), cwd=tmp_path)
     assert_one_line_error(proc, ExitCode.NO_BROKER, "no Kafka broker answers at 127.0.0.1:",
