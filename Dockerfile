@@ -7,11 +7,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md constraints.txt /src/
 COPY streamapp /src/streamapp
 COPY agents /src/agents
 COPY tables /src/tables
-RUN pip install /src && rm -rf /src
+RUN pip install -c /src/constraints.txt /src && rm -rf /src
 
 # Workers keep their RocksDB tables in /data and the sink writes to /out (volumes in compose).
 RUN useradd --create-home --uid 1000 streamapp \

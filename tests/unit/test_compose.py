@@ -274,3 +274,11 @@ def test_cluster_workers_run_several_replicas_each_with_its_own_data():
         # Replicas share a named volume's folder, and RocksDB allows one process per folder.
         named = [volume for volume in service.get("volumes", []) if not volume.startswith("/")]
         assert named == [], f"{name}: replicas would share {named}"
+
+
+def test_every_install_is_pinned_by_the_constraints_file():
+    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert {"faust-streaming", "aiokafka", "rocksdict", "numpy", "opencv-python-headless"} <= set(pins)
+    assert "-c constraints.txt" in (REPO / "run").read_text()
+    assert "-c /src/constraints.txt" in (REPO / "Dockerfile").read_text()
