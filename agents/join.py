@@ -31,7 +31,6 @@ from streamapp.jpeg import CorruptFrame, check_jpeg
 from streamapp.metrics import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
-from streamapp.tables.store import run_of
 from streamapp.wire import Detections, Frame, Joined
 
 log = logging.getLogger(__name__)
@@ -255,7 +254,7 @@ def register(stage) -> None:
                 await stage.dead_letters.send(event, stage="join", reason=str(exc))
                 continue
             event_ms = event_time_ms(message)
-            progress.observe(message.topic, message.partition, run_of(record.id.join_key()), event_ms)
+            progress.observe(message.topic, message.partition, wire.run_of(record.id.join_key()), event_ms)
             joined = joiner.arrive(transaction.partition(message.partition), record, event.value,
                                    event_ms=event_ms, now_ms=decided_at)
             if joined is not None:

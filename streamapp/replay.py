@@ -29,7 +29,6 @@ from streamapp.errors import StreamappError
 from streamapp.recording import Record, Recording
 from streamapp.settings import Settings
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
-from streamapp.tables.store import run_of
 from streamapp.topics import max_record_bytes
 from streamapp.units import UnitError, parse_duration
 
@@ -371,7 +370,7 @@ class _PredictedWindow(dict):
     def arrive(self, record: Record, decoded, now: int):
         partition = (murmur2(record.key or b"") & 0x7FFFFFFF) % self.partitions
         side = EntryKind.FRAME if isinstance(decoded, wire.Frame) else EntryKind.RESULT
-        read = (side, partition, run_of(decoded.id.join_key()))
+        read = (side, partition, wire.run_of(decoded.id.join_key()))
         self.read_past[read] = max(self.read_past.get(read, record.event_time_ms), record.event_time_ms)
         self.partition_of[decoded.id.join_key()] = partition
         return self.joiner.arrive(self, decoded, record.value, event_ms=record.event_time_ms, now_ms=now)
@@ -391,7 +390,7 @@ class _PredictedWindow(dict):
         if entry.deadline_ms <= now:
             return entry.deadline_ms
         if entry.is_pending:
-            progress = self.read_past.get((OTHER_SIDE[entry.kind], self.partition_of[key], run_of(key)))
+            progress = self.read_past.get((OTHER_SIDE[entry.kind], self.partition_of[key], wire.run_of(key)))
             if progress is not None and entry.event_ms + self.joiner.ttl_ms < progress:
                 return now
         return None

@@ -65,6 +65,11 @@ class FrameId:
         return f"{self.stream}:{self.epoch}:{self.index // bucket_size}".encode()
 
 
+def run_of(join_key: bytes) -> bytes:
+    """The camera run (``stream:epoch``) of a join key (``stream:epoch:index``): one clock."""
+    return join_key.rpartition(b":")[0]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Box:
     label: str

@@ -37,6 +37,7 @@ from faust.types import TP, EventT
 from streamapp.diskspace import is_disk_full, is_write_stall
 from streamapp.tables.entry import EntryKind, peek_times
 from streamapp.tables.memory import RocksMemory
+from streamapp.wire import run_of
 
 EXPIRY_FAMILY = "expiry"
 _BY_DEADLINE = b"W"
@@ -46,11 +47,6 @@ _INDEX_VALUE = struct.Struct(">cI")
 _LAST_TIME = b"\xff" * _TIME.size
 _NO_SLOWDOWN = rocksdict.WriteOptions()
 _NO_SLOWDOWN.no_slowdown = True
-
-
-def run_of(key: bytes) -> bytes:
-    """The camera run (``stream:epoch``) of a join key (``stream:epoch:index``): one clock."""
-    return key.rpartition(b":")[0]
 
 
 def _event_prefix(kind: bytes, run: bytes) -> bytes:
