@@ -52,9 +52,13 @@ class DeadLetters:
 
         Straight to Faust's producer: the topic's own send wraps every record in Faust's message
         and callback objects, which cost more than the send itself, for nothing used here. Faust
-        still flushes this producer before it commits offsets."""
+        still flushes this producer before it commits offsets. Under exactly-once the sender is
+        Faust's transaction manager, as for the topic's own send: the output joins the
+        transaction that commits its input's offset."""
+        app = topic.app
+        sender = app.consumer.transactions if app.in_transaction else app.producer
         try:
-            return await topic.app.producer.send(topic.get_topic_name(), key, value, None, timestamp, None)
+            return await sender.send(topic.get_topic_name(), key, value, None, timestamp, None)
         except ProducerSendError as exc:
             await self.send(event, stage=stage, reason=f"output to {topic.get_topic_name()} refused: {exc}")
             return None
