@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import importlib
 import logging
+import re
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -70,6 +73,9 @@ class StreamApp(faust.App):
 
     async def on_first_start(self) -> None:
         settings = self.streamapp_settings
+        # Here, not in create_app: the consumer is made after this, and the worker's
+        # --web-port (part of the name) is known only now.
+        self.conf.consumer_group_instance_id = group_instance_id(settings, str(self.conf.canonical_url))
         created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
         if created:
             log.info("created topics: %s", ", ".join(created))
@@ -110,6 +116,22 @@ def standby_replicas(settings: Settings) -> int:
     return 1 if stateless and settings.processing_guarantee == "exactly_once" else 0
 
 
+def group_instance_id(settings: Settings, web_url: str) -> str | None:
+    """This worker's static member name (``group.instance.id``), or None for dynamic membership.
+
+    It must stay the same across restarts of one worker and differ between workers, or the
+    broker fences one of them: the data dir (every worker on a host has its own, RocksDB locks
+    it) and the web URL (host and port) say which worker this is. The URL is part of it also
+    because Faust refuses an assignment made for another URL, and a static member that rejoins
+    gets its previous assignment back.
+    """
+    if not settings.static_membership:
+        return None
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
+    where = hashlib.sha256(f"{settings.data_dir.resolve()} {web_url}".encode()).hexdigest()[:12]
+    return f"{settings.group_id}.{host}.{where}"
+
+
 def create_app(settings: Settings | None = None) -> StreamApp:
     settings = settings or Settings.from_env()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -132,9 +154,13 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         producer_max_request_size=topic_defs.max_record_bytes(settings),
         producer_max_batch_size=plan.producer_batch_bytes,
         stream_wait_empty=False,
-        # A killed worker's partitions move on after 10 s instead of Faust's 60 s.
+        # A worker restarted within the session timeout rejoins as the same static member
+        # (on_first_start) and gets its partitions back without a rebalance; one that stays
+        # down loses them after 10 s (Faust's default is 60 s).
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,
+        # Every write waits for all in-sync copies (min.insync.replicas on a cluster).
+        producer_acks=-1,
         processing_guarantee=settings.processing_guarantee,
     )
     app.streamapp_settings = settings

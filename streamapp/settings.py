@@ -74,6 +74,9 @@ class Settings:
     processing_guarantee: str = AT_LEAST_ONCE
     # Copies of every topic partition, changelogs included: 3 on a three-broker cluster.
     replication_factor: int = 1
+    # Static consumer-group membership: a worker restarted within the session timeout takes its
+    # partitions back at once, without a rebalance (see docs/operations.md for the trade-off).
+    static_membership: bool = True
     # Latest annotated frame per stream kept for the sink's live preview page; 0 turns it off.
     preview_bytes: int = 32 * 1024**2
 
@@ -194,6 +197,16 @@ def _stages(raw: str, name: str) -> tuple[str, ...]:
     return _names(raw, name)
 
 
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _bool(raw: str, name: str) -> bool:
+    try:
+        return _BOOLEANS[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{name} must be true or false (or 1/0, yes/no, on/off)") from None
+
+
 def _size(raw: str, name: str) -> int:
     return parse_bytes(raw, name=name)
 
@@ -251,5 +264,6 @@ _ENV = {
     "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
     "processing_guarantee": ("STREAMAPP_PROCESSING_GUARANTEE", _text),
     "replication_factor": ("STREAMAPP_REPLICATION_FACTOR", _int),
+    "static_membership": ("STREAMAPP_STATIC_MEMBERSHIP", _bool),
     "preview_bytes": ("STREAMAPP_PREVIEW_BYTES", _size),
 }
