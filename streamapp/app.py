@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import importlib
 import logging
-import re
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 import faust
+from faust.tables import TableManager
 
 from streamapp import topics as topic_defs
 from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
@@ -62,6 +60,17 @@ class Stage:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
 
 
+class PromptTableManager(TableManager):
+    """Faust's table manager without the fixed one-second sleep it starts with (there to let
+    tables be defined; ours all are, in create_app, before the worker starts). Every worker
+    pays that second at every start, a third of a restart's budget."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+
 class StreamApp(faust.App):
     """A Faust app that creates and checks its topics before it consumes anything, and whose
     buffers are limited in bytes by its memory plan."""
@@ -75,7 +84,7 @@ class StreamApp(faust.App):
         settings = self.streamapp_settings
         # Here, not in create_app: the consumer is made after this, and the worker's
         # --web-port (part of the name) is known only now.
-        self.conf.consumer_group_instance_id = group_instance_id(settings, str(self.conf.canonical_url))
+        self.conf.consumer_group_instance_id = settings.group_instance_id(str(self.conf.canonical_url))
         created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
         if created:
             log.info("created topics: %s", ", ".join(created))
@@ -116,22 +125,6 @@ def standby_replicas(settings: Settings) -> int:
     return 1 if stateless and settings.processing_guarantee == "exactly_once" else 0
 
 
-def group_instance_id(settings: Settings, web_url: str) -> str | None:
-    """This worker's static member name (``group.instance.id``), or None for dynamic membership.
-
-    It must stay the same across restarts of one worker and differ between workers, or the
-    broker fences one of them: the data dir (every worker on a host has its own, RocksDB locks
-    it) and the web URL (host and port) say which worker this is. The URL is part of it also
-    because Faust refuses an assignment made for another URL, and a static member that rejoins
-    gets its previous assignment back.
-    """
-    if not settings.static_membership:
-        return None
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
-    where = hashlib.sha256(f"{settings.data_dir.resolve()} {web_url}".encode()).hexdigest()[:12]
-    return f"{settings.group_id}.{host}.{where}"
-
-
 def create_app(settings: Settings | None = None) -> StreamApp:
     settings = settings or Settings.from_env()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -162,6 +155,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         # Every write waits for all in-sync copies (min.insync.replicas on a cluster).
         producer_acks=-1,
         processing_guarantee=settings.processing_guarantee,
+        TableManager=PromptTableManager,
     )
     app.streamapp_settings = settings
     app.memory_plan = plan

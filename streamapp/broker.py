@@ -233,6 +233,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def ephemeral_ports() -> range:
+    """The ports this system hands to outgoing connections (Linux: ip_local_port_range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
+def free_port_block(count: int, start: int = 20000) -> int:
+    """A first port such that it and the ``count - 1`` after it are free, below the ephemeral
+    range (see :class:`LocalCluster` for why)."""
+    stop = ephemeral_ports().start - count
+    for first in range(start, stop, count):
+        if not any(port_in_use(port) for port in range(first, first + count)):
+            return first
+    raise BrokerError(f"no {count} consecutive free ports between {start} and {stop + count}")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -706,14 +725,26 @@ class LocalCluster:
     ``port + nodes + N - 1``, so the ports follow from the first one: 9092-9094 for clients and
     9095-9097 for the controllers by default. Topics get three copies and
     ``min.insync.replicas`` 2.
+
+    The ports must lie outside the system's ephemeral range: while a node is down, another
+    node's connection attempt to its port can be given that very port as its own local port and
+    connect to itself (TCP simultaneous open), which kills the connecting node's quorum client
+    and keeps the restarted node from binding.
     """
 
     def __init__(self, data_dir: Path | str, port: int = DEFAULT_PORT, *, nodes: int = CLUSTER_NODES,
                  notify: Notify | None = None, **broker_options) -> None:
         if nodes < 2:
             raise BrokerError(f"a cluster needs at least 2 nodes, got {nodes}")
-        if port + 2 * nodes - 1 > 65535:
-            raise BrokerError(f"port {port}: a {nodes}-node cluster needs ports {port}-{port + 2 * nodes - 1}")
+        ports = range(port, port + 2 * nodes)
+        if ports.stop > 65536:
+            raise BrokerError(f"port {port}: a {nodes}-node cluster needs ports {port}-{ports.stop - 1}")
+        ephemeral = ephemeral_ports()
+        if ports.start < ephemeral.stop and ephemeral.start < ports.stop:
+            raise BrokerError(
+                f"ports {port}-{ports.stop - 1} overlap the ephemeral range {ephemeral.start}-{ephemeral.stop - 1} "
+                f"that outgoing connections take their ports from, so a restarted node could find its port "
+                f"taken; choose a --port below {ephemeral.start - 2 * nodes + 1} (default {DEFAULT_PORT})")
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.port = port
         controller_ports = [port + nodes + number for number in range(nodes)]

@@ -8,9 +8,11 @@ validated when read; a bad one stops the process at start with the variable's na
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Mapping
 
@@ -123,6 +125,21 @@ class Settings:
         """Consumer group of this process: one per stage set, so stages scale independently."""
         stages = "all" if set(self.stages) == set(STAGES) else "-".join(self.stages)
         return f"{self.topic_prefix}{self.app_id}-{stages}"
+
+    def group_instance_id(self, web_url: str) -> str | None:
+        """This worker's static member name (``group.instance.id``), or None for dynamic membership.
+
+        It must stay the same across restarts of one worker and differ between workers, or the
+        broker fences one of them: the data dir (every worker on a host has its own, RocksDB
+        locks it) and the web URL (host and port) say which worker this is. The URL is part of it
+        also because Faust refuses an assignment made for another URL, and a static member that
+        rejoins is handed its previous assignment.
+        """
+        if not self.static_membership:
+            return None
+        host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
+        where = hashlib.sha256(f"{self.data_dir.resolve()} {web_url}".encode()).hexdigest()[:12]
+        return f"{self.group_id}.{host}.{where}"
 
     @property
     def bootstrap_servers(self) -> str:

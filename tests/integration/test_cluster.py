@@ -9,22 +9,13 @@ The cluster is the module's own (never the session's broker); the faults come fr
 
 import pytest
 
-from streamapp.broker import LocalCluster, free_port, port_in_use
+from streamapp.broker import LocalCluster, free_port_block
 from streamapp.chaos import ChaosOptions, run_chaos
 from streamapp.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 NODES = 3
-
-
-def free_port_block(count: int) -> int:
-    """A first port such that it and the ``count - 1`` after it are free."""
-    for _ in range(100):
-        first = free_port()
-        if first + count <= 65536 and not any(port_in_use(port) for port in range(first, first + count)):
-            return first
-    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 @pytest.fixture(scope="module")
