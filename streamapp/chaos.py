@@ -19,7 +19,7 @@ With ``--broker-kills N`` or ``--rolling-restarts N`` the pipeline runs on a loc
 cluster (topics replicated three times, ``min.insync.replicas`` 2): a broker kill SIGKILLs a random
 node, keeps it down for a few seconds under load and starts it again; a rolling restart stops and
 starts every node in turn. After each, the bench waits until every partition has all its copies in
-sync again (``broker_faults``: seconds until the node answered and until it had caught up).
+sync again (``broker_log``: seconds until the node answered and until it had caught up).
 """
 
 from __future__ import annotations
