@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 import faust
 from faust.tables import TableManager
 
+from streamapp import consumer
 from streamapp import topics as topic_defs
 from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 from streamapp.deadletter import DeadLetters
@@ -91,6 +92,10 @@ class StreamApp(faust.App):
         self.producer.buffer.pending = SendBufferBytes()
         self.producer.buffer.max_messages = self.memory_plan.send_buffer_bytes
         await super().on_first_start()
+
+    def _new_transport(self):
+        # Faust's Kafka transport, with a consumer that loses nothing in a rebalance (consumer.py).
+        return consumer.Transport(self.conf.broker_consumer, self)
 
     def FlowControlQueue(self, maxsize: int | None = None, *, clear_on_resume: bool = False) -> ByteBoundedQueue:
         queue = ByteBoundedQueue(self.memory_plan.stream_buffer_bytes, policy=self.streamapp_settings.overload,
