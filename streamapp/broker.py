@@ -1,7 +1,7 @@
-"""A local single-node Apache Kafka broker for development, tests and CI.
+"""A local Apache Kafka broker, or a three-node cluster, for development, tests and CI.
 
 The broker is the real thing: ``kafka.Kafka`` from the Apache Kafka jars published on Maven
-Central, in KRaft mode (one process is both broker and controller; no ZooKeeper). Nothing else
+Central, in KRaft mode (each process is both broker and controller; no ZooKeeper). Nothing else
 has to be installed besides Java 17+ and, for the first run only, Maven:
 
 * :func:`ensure_jars` copies the jars listed in ``streamapp/kafka/pom.xml`` into
@@ -14,6 +14,9 @@ has to be installed besides Java 17+ and, for the first run only, Maven:
 
 ``LocalBroker(data_dir, port).start()`` returns once the broker answers a metadata request;
 ``stop()`` sends SIGTERM and waits, killing the broker only when it does not exit in time.
+:class:`LocalCluster` runs three such nodes from one directory (``node-1`` ... ``node-3``) as one
+KRaft quorum, every topic replicated on all three and ``min.insync.replicas`` 2, so one node can
+be killed without stopping or losing anything.
 Every expected failure raises :class:`BrokerError` with a message that says what to do.
 """
 
@@ -251,6 +254,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def ephemeral_ports() -> range:
+    """The ports this system hands to outgoing connections (Linux: ip_local_port_range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
+def free_port_block(count: int, start: int = 20000) -> int:
+    """A first port such that it and the ``count - 1`` after it are free, below the ephemeral
+    range (see :class:`LocalCluster` for why)."""
+    stop = ephemeral_ports().start - count
+    for first in range(start, stop, count):
+        if not any(port_in_use(port) for port in range(first, first + count)):
+            return first
+    raise BrokerError(f"no {count} consecutive free ports between {start} and {stop + count}")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -323,14 +345,14 @@ def _run_async(factory):
         return pool.submit(lambda: asyncio.run(factory())).result()
 
 
-async def _answers_metadata(bootstrap: str, timeout_s: float) -> bool:
+async def _answers_metadata(bootstrap: str, node_id: int, timeout_s: float) -> bool:
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     try:
         await admin.start()
         cluster = await admin.describe_cluster()
-        return any(broker["node_id"] == NODE_ID for broker in cluster["brokers"])
+        return any(broker["node_id"] == node_id for broker in cluster["brokers"])
     except Exception:  # noqa: BLE001 - any failure only means "not ready yet"
         return False
     finally:
@@ -362,7 +384,9 @@ class BrokerStatus:
 
 
 class LocalBroker:
-    """One single-node KRaft broker listening on 127.0.0.1, its state kept in ``data_dir``.
+    """One KRaft broker listening on 127.0.0.1, its state kept in ``data_dir``: a single-node
+    cluster by default, or node ``node_id`` of the quorum ``voters`` (``id@host:port,...``, the
+    controller ports of every node) with ``replication`` copies of every topic.
 
     ``extra_properties`` are written into ``server.properties`` last, so they override anything.
     ``notify`` receives the messages meant for a person (stale pid file removed, fetching jars,
@@ -377,6 +401,9 @@ class LocalBroker:
         controller_port: int | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         heap: str = "1g",
+        node_id: int = NODE_ID,
+        voters: str | None = None,
+        replication: int = 1,
         kafka_home: Path | str | None = None,
         extra_properties: Mapping[str, object] | None = None,
         notify: Notify | None = None,
@@ -388,6 +415,9 @@ class LocalBroker:
         self.controller_port = controller_port
         self.max_message_bytes = max_message_bytes
         self.heap = heap
+        self.node_id = node_id
+        self.voters = voters
+        self.replication = replication
         self.kafka_home = Path(kafka_home) if kafka_home is not None else None
         self.extra_properties = dict(extra_properties or {})
         self.notify = notify or log.info
@@ -433,6 +463,14 @@ class LocalBroker:
 
     def start(self, timeout: float = 90.0) -> "LocalBroker":
         """Start the broker and return once it answers a metadata request on :attr:`bootstrap`."""
+        deadline = time.monotonic() + timeout
+        self.launch()
+        self.wait_ready(deadline, timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the broker process without waiting for it to answer (a cluster node cannot
+        answer before a majority of the quorum runs)."""
         running = self._running_pid()
         if running is not None:
             raise BrokerError(
@@ -461,7 +499,6 @@ class LocalBroker:
 
         if self.log_file.exists():
             os.replace(self.log_file, self.log_file.with_name(self.log_file.name + ".1"))
-        started = time.monotonic()
         with open(self.log_file, "ab") as out:
             self._proc = subprocess.Popen(
                 [java, f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
@@ -471,8 +508,6 @@ class LocalBroker:
                 cwd=self.data_dir, start_new_session=True,
             )
         self.pid_file.write_text(f"{self._proc.pid}\n")
-        self._wait_ready(started + timeout, timeout)
-        return self
 
     def stop(self, timeout: float = 30.0) -> str:
         """Stop the broker: ``"stopped"``, ``"killed"`` (did not exit in time) or ``"not running"``."""
@@ -491,6 +526,17 @@ class LocalBroker:
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
         return outcome
+
+    def kill(self) -> bool:
+        """SIGKILL the broker, as a crash would (no controlled shutdown); False if it was not running."""
+        pid = self._running_pid()
+        if pid is None:
+            return False
+        self._signal(pid, signal.SIGKILL)
+        self._wait_exit(pid, 10.0)
+        self.pid_file.unlink(missing_ok=True)
+        self._proc = None
+        return True
 
     # ---------------------------------------------------------------------------------------
     def _running_pid(self) -> int | None:
@@ -543,10 +589,10 @@ class LocalBroker:
                 f"({meta_file}), not for cluster {recorded!r} recorded in {self.cluster_id_file}; "
                 f"use a new --data-dir, or delete {self.data_dir} to start afresh (its topics are lost)"
             )
-        if meta.get("node.id", str(NODE_ID)) != str(NODE_ID):
+        if meta.get("node.id", str(self.node_id)) != str(self.node_id):
             raise BrokerError(
                 f"the data dir {self.data_dir} is formatted for Kafka node {meta.get('node.id')}, "
-                f"not node {NODE_ID}; use a new --data-dir, or delete {self.data_dir} to start afresh"
+                f"not node {self.node_id}; use a new --data-dir, or delete {self.data_dir} to start afresh"
             )
         if formatted and not recorded:
             self.cluster_id_file.write_text(formatted + "\n")
@@ -570,10 +616,11 @@ class LocalBroker:
 
     def properties(self, controller_port: int) -> dict[str, object]:
         """The ``server.properties`` of this broker."""
+        copies, min_in_sync = self.replication, max(1, self.replication - 1)
         return {
             "process.roles": "broker,controller",
-            "node.id": NODE_ID,
-            "controller.quorum.voters": f"{NODE_ID}@127.0.0.1:{controller_port}",
+            "node.id": self.node_id,
+            "controller.quorum.voters": self.voters or f"{self.node_id}@127.0.0.1:{controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -581,13 +628,15 @@ class LocalBroker:
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": self.log_dirs,
             "num.partitions": 1,
-            "default.replication.factor": 1,
-            "min.insync.replicas": 1,
-            "offsets.topic.replication.factor": 1,
-            "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1,
-            "share.coordinator.state.topic.replication.factor": 1,
-            "share.coordinator.state.topic.min.isr": 1,
+            # On a cluster a write is acknowledged (acks=all) once all but one copy have it, so
+            # one node can be down without stopping or losing anything.
+            "default.replication.factor": copies,
+            "min.insync.replicas": min_in_sync,
+            "offsets.topic.replication.factor": copies,
+            "transaction.state.log.replication.factor": copies,
+            "transaction.state.log.min.isr": min_in_sync,
+            "share.coordinator.state.topic.replication.factor": copies,
+            "share.coordinator.state.topic.min.isr": min_in_sync,
             "auto.create.topics.enable": "false",
             "group.initial.rebalance.delay.ms": 0,
             # Large frames: what a producer may send, what a fetch may return.
@@ -627,7 +676,9 @@ class LocalBroker:
                               f"the storage tool's output is in {log_file}")
         self.cluster_id_file.write_text(cluster_id + "\n")
 
-    def _wait_ready(self, deadline: float, timeout: float) -> None:
+    def wait_ready(self, deadline: float, timeout: float) -> None:
+        """Return once the launched broker answers a metadata request that lists it, or fail
+        (BrokerError with its log's tail, the process killed) at ``deadline``."""
         assert self._proc is not None
         while True:
             code = self._proc.poll()
@@ -638,7 +689,8 @@ class LocalBroker:
                 self._fail(f"the broker did not answer on {self.bootstrap} within {timeout:g}s")
             if self._accepts_connections():
                 with quiet_logger("aiokafka"):
-                    if _run_async(lambda: _answers_metadata(self.bootstrap, min(5.0, max(remaining, 0.5)))):
+                    if _run_async(lambda: _answers_metadata(self.bootstrap, self.node_id,
+                                                            min(5.0, max(remaining, 0.5)))):
                         return
             time.sleep(0.2)
 
@@ -671,3 +723,139 @@ class LocalBroker:
                 return False
             time.sleep(0.1)
         return True
+
+
+# --------------------------------------------------------------------------------------------
+# A cluster of local brokers
+
+CLUSTER_NODES = 3
+
+
+def default_cluster_dir(port: int = DEFAULT_PORT) -> Path:
+    """Data directory of ``streamapp broker --nodes 3`` when none is given: one per first port."""
+    return default_data_dir(port).with_name(f"cluster-{port}")
+
+
+class LocalCluster:
+    """Three KRaft nodes on 127.0.0.1 sharing one cluster id, each in ``data_dir/node-N``.
+
+    Node N (1-based) listens for clients on ``port + N - 1`` and for the quorum on
+    ``port + nodes + N - 1``, so the ports follow from the first one: 9092-9094 for clients and
+    9095-9097 for the controllers by default. Topics get three copies and
+    ``min.insync.replicas`` 2.
+
+    The ports must lie outside the system's ephemeral range: while a node is down, another
+    node's connection attempt to its port can be given that very port as its own local port and
+    connect to itself (TCP simultaneous open), which kills the connecting node's quorum client
+    and keeps the restarted node from binding.
+    """
+
+    def __init__(self, data_dir: Path | str, port: int = DEFAULT_PORT, *, nodes: int = CLUSTER_NODES,
+                 notify: Notify | None = None, **broker_options) -> None:
+        if nodes < 2:
+            raise BrokerError(f"a cluster needs at least 2 nodes, got {nodes}")
+        ports = range(port, port + 2 * nodes)
+        if ports.stop > 65536:
+            raise BrokerError(f"port {port}: a {nodes}-node cluster needs ports {port}-{ports.stop - 1}")
+        ephemeral = ephemeral_ports()
+        if ports.start < ephemeral.stop and ephemeral.start < ports.stop:
+            raise BrokerError(
+                f"ports {port}-{ports.stop - 1} overlap the ephemeral range {ephemeral.start}-{ephemeral.stop - 1} "
+                f"that outgoing connections take their ports from, so a restarted node could find its port "
+                f"taken; choose a --port below {ephemeral.start - 2 * nodes + 1} (default {DEFAULT_PORT})")
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.port = port
+        controller_ports = [port + nodes + number for number in range(nodes)]
+        voters = ",".join(f"{number + 1}@127.0.0.1:{controller}" for number, controller in enumerate(controller_ports))
+        self.nodes = [
+            LocalBroker(self.data_dir / f"node-{number + 1}", port + number, controller_port=controller,
+                        node_id=number + 1, voters=voters, replication=min(3, nodes), notify=notify,
+                        **broker_options)
+            for number, controller in enumerate(controller_ports)
+        ]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def replication(self) -> int:
+        return self.nodes[0].replication
+
+    @property
+    def cluster_id_file(self) -> Path:
+        return self.data_dir / "cluster.id"
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def status(self) -> list[BrokerStatus]:
+        return [node.status() for node in self.nodes]
+
+    def running(self) -> bool:
+        return all(status.running for status in self.status())
+
+    def start(self, timeout: float = 120.0) -> "LocalCluster":
+        """Start every node that is not running, and return once each answers."""
+        deadline = time.monotonic() + timeout
+        self._share_cluster_id()
+        launched = []
+        try:
+            for node in self.nodes:
+                if node.status().running:
+                    continue
+                node.launch()
+                launched.append(node)
+            for node in launched:
+                node.wait_ready(deadline, timeout)
+        except BrokerError:
+            for node in launched:
+                node.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 30.0) -> list[str]:
+        """Stop every node (SIGTERM to all, so no node waits on a quorum that is leaving)."""
+        pids = [(node, node._running_pid()) for node in self.nodes]
+        for node, pid in pids:
+            if pid is not None:
+                node._signal(pid, signal.SIGTERM)
+        # A node that exited before its own stop() looked is "stopped" too.
+        return [node.stop(timeout).replace("not running", "stopped") if pid is not None else "not running"
+                for node, pid in pids]
+
+    def _share_cluster_id(self) -> None:
+        """Every node is formatted with the cluster's one id (kept in ``data_dir/cluster.id``)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.cluster_id_file.exists():
+            self.cluster_id_file.write_text(new_cluster_id() + "\n")
+        cluster_id = self.cluster_id_file.read_text().strip()
+        for node in self.nodes:
+            node.data_dir.mkdir(parents=True, exist_ok=True)
+            if not node.cluster_id_file.exists():
+                node.cluster_id_file.write_text(cluster_id + "\n")
+
+    def under_replicated_partitions(self, timeout_s: float = 10.0) -> int:
+        """:func:`count_under_replicated` on this cluster (0: every copy caught up)."""
+        return _run_async(lambda: count_under_replicated(self.bootstrap, timeout_s))
+
+
+async def count_under_replicated(bootstrap: str, timeout_s: float = 10.0) -> int:
+    """Partitions of every topic on the cluster at ``bootstrap`` with fewer in-sync copies than
+    replicas; -1 when the cluster cannot be asked."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await admin.start()
+        described = await admin.describe_topics(await admin.list_topics())
+        return sum(len(partition["isr"]) < len(partition["replicas"])
+                   for topic in described for partition in topic["partitions"])
+    except Exception:  # noqa: BLE001 - a node down or a leader moving: ask again later
+        return -1
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()

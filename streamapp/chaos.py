@@ -9,10 +9,17 @@ compares what was produced with what came out:
 * ``lost``: produced frames without a frame file at the sink (must be 0);
 * ``sink_duplicates``: frames the sink wrote more than once (must be 0), and
   ``joined_redelivered``: extra copies in the ``joined`` topic that the idempotent sink absorbed;
-* ``recovery``: per kill, seconds until the new process was ready and until it processed again.
+* ``recovery``: per kill, seconds until the new process was ready and until it processed again;
+* ``workers_exited``: workers that ended without being killed (must be 0).
 
-A restarted worker rejoins its consumer group only after the killed member's session times out
-(10 s), so recovery is about that long by design.
+A restarted worker rejoins its consumer group as the same static member, so it takes its
+partitions back without waiting for the killed member's session to time out.
+
+With ``--broker-kills N`` or ``--rolling-restarts N`` the pipeline runs on a local three-node
+cluster (topics replicated three times, ``min.insync.replicas`` 2): a broker kill SIGKILLs a random
+node, keeps it down for a few seconds under load and starts it again; a rolling restart stops and
+starts every node in turn. After each, the bench waits until every partition has all its copies in
+sync again (``broker_log``: seconds until the node answered and until it had caught up).
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
 from streamapp.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
-from streamapp.broker import DEFAULT_PORT, free_port
+from streamapp.broker import (DEFAULT_PORT, LocalBroker, LocalCluster, count_under_replicated, default_cluster_dir,
+                              free_port)
 from streamapp.demo import DemoOptions, ensure_broker
 from streamapp.publisher import FramePublisher, interleave, paced
 from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings
@@ -64,6 +72,12 @@ class ChaosOptions:
     broker_port: int = DEFAULT_PORT
     recovery_timeout_s: float = 120.0
     settle_timeout_s: float = 300.0
+    broker_kills: int = 0  # SIGKILL a random node of the cluster, restart it after a pause
+    rolling_restarts: int = 0  # stop and start every node of the cluster in turn
+
+    @property
+    def needs_cluster(self) -> bool:
+        return self.broker_kills > 0 or self.rolling_restarts > 0
 
 
 @dataclasses.dataclass
@@ -75,17 +89,29 @@ class Kill:
     processing_s: float | None = None
 
 
+@dataclasses.dataclass
+class BrokerFault:
+    node: int
+    kind: str  # "kill" (SIGKILL) or "restart" (SIGTERM, part of a rolling restart)
+    at_s: float
+    ready_s: float | None = None  # from the fault until the node answered again
+    in_sync_s: float | None = None  # ... until every partition had all its copies in sync
+
+
 class Pipeline:
-    """One worker process per stage; a stage can be killed and started again."""
+    """One worker process per stage; a stage can be killed and started again, as the same
+    worker: same data dir, same web port (so the same static group member)."""
 
     def __init__(self, settings: Settings, out: Path) -> None:
         self.settings = settings
         self.out = out
         self.workers: dict[str, Worker] = {}
         self.starts: Counter = Counter()
+        self.web_ports: dict[str, int] = {}
 
     def stage_settings(self, stage: str) -> Settings:
-        return self.settings.replace(stages=(stage,), web_port=free_port(), data_dir=self.data_dir(stage))
+        web_port = self.web_ports.setdefault(stage, free_port())
+        return self.settings.replace(stages=(stage,), web_port=web_port, data_dir=self.data_dir(stage))
 
     def data_dir(self, stage: str) -> Path:
         return self.out / ".data" / stage
@@ -105,6 +131,10 @@ class Pipeline:
     def stop(self) -> None:
         for worker in self.workers.values():
             worker.stop()
+
+    def exited(self) -> set[str]:
+        """Stages whose current worker ended although nobody killed it."""
+        return {stage for stage, worker in self.workers.items() if worker.process.poll() is not None}
 
 
 def processed(worker: Worker) -> float:
@@ -151,35 +181,74 @@ class Source:
             await publisher.flush()
 
 
+BROKER = "broker"
+
+
 class ChaosRun:
-    def __init__(self, options: ChaosOptions, files: FrameFiles) -> None:
+    def __init__(self, options: ChaosOptions, files: FrameFiles, cluster: LocalCluster | None = None) -> None:
         self.options = options
         self.files = files
+        self.cluster = cluster
         self.random = random.Random(options.seed)
         self.kills: list[Kill] = []
+        self.broker_faults: list[BrokerFault] = []
+        self.workers_exited: set[str] = set()
         self.join_kills = 0
 
     async def run(self, pipeline: Pipeline, source: Source) -> None:
         began = time.monotonic()
         producing = asyncio.create_task(source.run())
+
+        async def pause() -> None:
+            await asyncio.sleep(self.random.uniform(*self.options.pause_s))
+            if producing.done():
+                producing.result()  # the source failed: report why
+            self.workers_exited |= pipeline.exited()
+
         try:
-            order = self._kill_order()
-            for stage in order:
-                await asyncio.sleep(self.random.uniform(*self.options.pause_s))
-                if producing.done():
-                    producing.result()  # the source failed: report why
-                self.kills.append(await self._kill_and_restart(pipeline, stage, time.monotonic() - began))
+            for target in self._kill_order():
+                await pause()
+                at_s = time.monotonic() - began
+                if target == BROKER:
+                    node = self.random.choice(self.cluster.nodes)
+                    self.broker_faults.append(await self._broker_fault(node, "kill", at_s))
+                else:
+                    self.kills.append(await self._kill_and_restart(pipeline, target, at_s))
+            for _ in range(self.options.rolling_restarts):
+                for node in self.cluster.nodes:
+                    await pause()
+                    self.broker_faults.append(await self._broker_fault(node, "restart", time.monotonic() - began))
             await asyncio.sleep(self.options.pause_s[1])  # load continues after the last recovery
+            self.workers_exited |= pipeline.exited()
         finally:
             source.stopping.set()
             await producing
 
     def _kill_order(self) -> list[str]:
-        """Every stage as often as the others (give or take one), in random order."""
+        """Every stage as often as the others (give or take one), and the broker kills, in random order."""
         stages = list(self.options.stages)
         order = [stages[number % len(stages)] for number in range(self.options.kills)]
+        order += [BROKER] * self.options.broker_kills
         self.random.shuffle(order)
         return order
+
+    async def _broker_fault(self, node: LocalBroker, kind: str, at_s: float) -> BrokerFault:
+        """Kill (or stop) one node, keep it down for a pause under load, start it again, and wait
+        until it has caught up. The blocking broker calls run in a thread: the source goes on."""
+        fault = BrokerFault(node.node_id, kind, round(at_s, 2))
+        began = time.monotonic()
+        await asyncio.to_thread(node.kill if kind == "kill" else node.stop)
+        if kind == "kill":
+            await asyncio.sleep(self.random.uniform(*self.options.pause_s))
+        await asyncio.to_thread(node.start, self.options.recovery_timeout_s)
+        fault.ready_s = round(time.monotonic() - began, 2)
+        deadline = time.monotonic() + self.options.recovery_timeout_s
+        while time.monotonic() < deadline:
+            if await count_under_replicated(self.cluster.bootstrap) == 0:
+                fault.in_sync_s = round(time.monotonic() - began, 2)
+                break
+            await asyncio.sleep(POLL_S)
+        return fault
 
     async def _kill_and_restart(self, pipeline: Pipeline, stage: str, at_s: float) -> Kill:
         wipe = False
@@ -275,6 +344,8 @@ def report(options: ChaosOptions, run: ChaosRun, source: Source, joined: JoinedT
     lost = sorted((frame_id for frame_id in produced if not frame_path(out, frame_id).exists()),
                   key=lambda frame_id: (frame_id.stream, frame_id.index))
     recovery = [kill.processing_s for kill in run.kills if kill.processing_s is not None]
+    join_recovery = [kill.processing_s for kill in run.kills if kill.stage == "join" and kill.processing_s is not None]
+    in_sync = [fault.in_sync_s for fault in run.broker_faults if fault.in_sync_s is not None]
     return {
         "kills": len(run.kills),
         "kills_by_stage": dict(Counter(kill.stage for kill in run.kills)),
@@ -296,21 +367,40 @@ def report(options: ChaosOptions, run: ChaosRun, source: Source, joined: JoinedT
             "max": max(recovery, default=None),
             "median": statistics.median(recovery) if recovery else None,
             "not_recovered": len(run.kills) - len(recovery),
+            "join_median": statistics.median(join_recovery) if join_recovery else None,
+        },
+        "workers_exited": sorted(run.workers_exited),
+        "broker_kills": sum(fault.kind == "kill" for fault in run.broker_faults),
+        "broker_restarts": sum(fault.kind == "restart" for fault in run.broker_faults),
+        "brokers_in_sync_s": {
+            "max": max(in_sync, default=None),
+            "not_in_sync": len(run.broker_faults) - len(in_sync),
         },
         "kill_log": [dataclasses.asdict(kill) for kill in run.kills],
+        "broker_log": [dataclasses.asdict(fault) for fault in run.broker_faults],
         "elapsed_s": round(elapsed_s, 1),
     }
 
 
-def run_chaos(options: ChaosOptions, settings: Settings | None = None) -> dict:
-    """Run the chaos bench; returns the report (also written to ``<out>/chaos.json``)."""
+def run_chaos(options: ChaosOptions, settings: Settings | None = None, cluster: LocalCluster | None = None) -> dict:
+    """Run the chaos bench; returns the report (also written to ``<out>/chaos.json``).
+
+    Broker faults need a ``cluster``: the one given, or else the local cluster at
+    ``options.broker_port``, started (and stopped at the end) unless it runs already."""
     out = options.out.resolve()
     shutil.rmtree(out / ".data", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     base = (settings or Settings.from_env()).replace(
         topic_prefix=f"chaos-{new_epoch()}.", out_dir=out, stages=STAGES, join_ttl_s=options.join_ttl_s,
         processing_guarantee=options.processing_guarantee)
-    broker, base = ensure_broker(DemoOptions(broker_port=options.broker_port), base)
+    broker: LocalBroker | LocalCluster | None
+    if options.needs_cluster:
+        broker, cluster = None, cluster or LocalCluster(default_cluster_dir(options.broker_port), options.broker_port)
+        if not cluster.running():
+            broker = cluster.start()
+        base = base.replace(broker=f"kafka://{cluster.bootstrap}", replication_factor=cluster.replication)
+    else:
+        broker, base = ensure_broker(DemoOptions(broker_port=options.broker_port), base)
     pipeline = Pipeline(base, out)
     try:
         asyncio.run(ensure_topics(base))
@@ -319,7 +409,7 @@ def run_chaos(options: ChaosOptions, settings: Settings | None = None) -> dict:
         asyncio.run(_wait_ready(pipeline))
         began = time.monotonic()
         source = Source(options, base)
-        chaos = ChaosRun(options, FrameFiles(out))
+        chaos = ChaosRun(options, FrameFiles(out), cluster)
         asyncio.run(chaos.run(pipeline, source))
         asyncio.run(wait_for(lambda: sink_files(out, source.produced) == len(source.produced),
                              options.settle_timeout_s))
@@ -353,7 +443,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                           "streams play, restart them, and report frames lost, duplicates at the "
                           "sink and recovery times (written to OUT/chaos.json). Exits 1 if a frame "
                           "was lost or written twice.")
-    parser.add_argument("--kills", type=count_arg, default=20, help="kills in a row (default 20)")
+    parser.add_argument("--kills", type=count_or_zero_arg, default=20, help="kills of stages (default 20)")
+    parser.add_argument("--broker-kills", type=count_or_zero_arg, default=0,
+                        help="SIGKILLs of a random broker of a local three-node cluster, each restarted "
+                             "after a pause (default 0; any makes the bench run on the cluster at --port, "
+                             "started if it does not run)")
+    parser.add_argument("--rolling-restarts", type=count_or_zero_arg, default=0,
+                        help="restarts of every broker of the cluster in turn (default 0)")
     parser.add_argument("--stages", type=stages_arg, default=STAGES, help="stages to kill (default all)")
     parser.add_argument("--streams", type=count_arg, default=2, help="synthetic streams (default 2)")
     parser.add_argument("--fps", type=steady_fps_arg, default=10.0, help="frames per second per stream (default 10)")
@@ -372,7 +468,9 @@ def run(args: argparse.Namespace) -> int:
                            join_ttl_s=parse_duration(args.ttl, name="--ttl"),
                            processing_guarantee=args.guarantee,
                            wipe_join_store_every=args.wipe_join_store_every, seed=args.seed,
-                           out=args.out, broker_port=args.port)
+                           out=args.out, broker_port=args.port, broker_kills=args.broker_kills,
+                           rolling_restarts=args.rolling_restarts)
     summary = run_chaos(options)
     print(json.dumps({key: value for key, value in summary.items() if key != "kill_log"}, indent=2))
-    return 0 if summary["lost"] == 0 and summary["sink_duplicates"] == 0 else 1
+    healthy = not summary["workers_exited"] and summary["brokers_in_sync_s"]["not_in_sync"] == 0
+    return 0 if summary["lost"] == 0 and summary["sink_duplicates"] == 0 and healthy else 1

@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 from streamapp import assets, chaos, replay_commands
 from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.bench import infer as infer_bench, join_command, soak_command
-from streamapp.broker import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION,
-                              LocalBroker, default_data_dir, kafka_home)
+from streamapp.broker import (CLUSTER_NODES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, LocalBroker,
+                              LocalCluster, default_cluster_dir, default_data_dir, kafka_home)
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings, parse_stream_id
 from streamapp.units import format_bytes
@@ -63,9 +63,10 @@ def _note(message: str) -> None:
 
 def configure_broker(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        f"A local single-node Apache Kafka {KAFKA_VERSION} broker (KRaft) on 127.0.0.1, run from "
-        f"the Maven Central jars (fetched once into {kafka_home()}/libs; set STREAMAPP_KAFKA_HOME "
-        f"to move them). Needs Java 17+, and Maven for the first start."
+        f"A local single-node Apache Kafka {KAFKA_VERSION} broker (KRaft) on 127.0.0.1, or with "
+        f"--nodes {CLUSTER_NODES} a three-node cluster (every topic on all three, min.insync.replicas 2), "
+        f"run from the Maven Central jars (fetched once into {kafka_home()}/libs; set "
+        f"STREAMAPP_KAFKA_HOME to move them). Needs Java 17+, and Maven for the first start."
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="{start,stop,status}")
     for action, help_text in (("start", "start the broker and wait until it answers"),
@@ -73,11 +74,15 @@ def configure_broker(parser: argparse.ArgumentParser) -> None:
                               ("status", "show whether the broker runs (exit code 3 if not)")):
         sub = actions.add_parser(action, help=help_text, description=help_text)
         sub.add_argument("--port", type=port_arg, default=None,
-                         help=f"client port on 127.0.0.1 (default {DEFAULT_PORT}); "
-                              f"the controller takes the next free port")
+                         help=f"client port on 127.0.0.1 (default {DEFAULT_PORT}); the controller takes "
+                              f"the next free port. A cluster's nodes listen on PORT, PORT+1, PORT+2 "
+                              f"and their controllers on PORT+3 to PORT+5")
+        sub.add_argument("--nodes", type=int, choices=(1, CLUSTER_NODES), default=1,
+                         help=f"1 broker (default) or a cluster of {CLUSTER_NODES}")
         sub.add_argument("--data-dir", type=Path, default=None,
-                         help="where the broker keeps its logs, pid file and topics "
-                              f"(default {default_data_dir(DEFAULT_PORT).parent}/broker-PORT)")
+                         help="where the broker keeps its logs, pid file and topics (default "
+                              f"{default_data_dir(DEFAULT_PORT).parent}/broker-PORT, or cluster-PORT "
+                              f"holding node-1 to node-{CLUSTER_NODES})")
         if action == "start":
             sub.add_argument("--timeout", type=seconds_arg, default=90.0,
                              help="seconds to wait for the broker to answer (default 90)")
@@ -91,9 +96,13 @@ def configure_broker(parser: argparse.ArgumentParser) -> None:
 
 def run_broker(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else DEFAULT_PORT
+    max_message_bytes = getattr(args, "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
+    if args.nodes > 1:
+        cluster = LocalCluster(args.data_dir or default_cluster_dir(port), port, nodes=args.nodes,
+                               notify=_note, max_message_bytes=max_message_bytes)
+        return run_cluster(cluster, args)
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir(port)
-    broker = LocalBroker(data_dir, port, notify=_note,
-                         max_message_bytes=getattr(args, "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES))
+    broker = LocalBroker(data_dir, port, notify=_note, max_message_bytes=max_message_bytes)
     if args.action == "start":
         began = time.monotonic()
         broker.start(timeout=args.timeout)
@@ -106,6 +115,29 @@ def run_broker(args: argparse.Namespace) -> int:
     status = broker.status()
     print(f"broker {status.describe()}")
     return 0 if status.running else ExitCode.NOT_RUNNING
+
+
+def run_cluster(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    """``broker start|stop|status --nodes N``: the same actions on every node; status exits 3
+    unless all of them run."""
+    if args.action == "start":
+        began = time.monotonic()
+        cluster.start(timeout=args.timeout)
+        _print_nodes(cluster)
+        print(f"cluster started in {time.monotonic() - began:.1f}s; point the pipeline at it with\n"
+              f"  STREAMAPP_BROKER=kafka://{cluster.bootstrap} STREAMAPP_REPLICATION_FACTOR={cluster.replication}")
+        return 0
+    if args.action == "stop":
+        for node, outcome in zip(cluster.nodes, cluster.stop(timeout=args.timeout)):
+            print(f"node {node.node_id} {outcome} (data dir {node.data_dir})")
+        return 0
+    _print_nodes(cluster)
+    return 0 if cluster.running() else ExitCode.NOT_RUNNING
+
+
+def _print_nodes(cluster: LocalCluster) -> None:
+    for node, status in zip(cluster.nodes, cluster.status()):
+        print(f"node {node.node_id} {status.describe()}")
 
 
 # --------------------------------------------------------------------------------------------

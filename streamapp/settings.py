@@ -8,9 +8,11 @@ validated when read; a bad one stops the process at start with the variable's na
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Mapping
 
@@ -80,6 +82,9 @@ class Settings:
     processing_guarantee: str = AT_LEAST_ONCE
     # Copies of every topic partition, changelogs included: 3 on a three-broker cluster.
     replication_factor: int = 1
+    # Static consumer-group membership: a worker restarted within the session timeout takes its
+    # partitions back at once, without a rebalance (see docs/operations.md for the trade-off).
+    static_membership: bool = True
     # Latest annotated frame per stream kept for the sink's live preview page; 0 turns it off.
     preview_bytes: int = 32 * 1024**2
 
@@ -128,6 +133,21 @@ class Settings:
         """Consumer group of this process: one per stage set, so stages scale independently."""
         stages = "all" if set(self.stages) == set(STAGES) else "-".join(self.stages)
         return f"{self.topic_prefix}{self.app_id}-{stages}"
+
+    def group_instance_id(self, web_url: str) -> str | None:
+        """This worker's static member name (``group.instance.id``), or None for dynamic membership.
+
+        It must stay the same across restarts of one worker and differ between workers, or the
+        broker fences one of them: the data dir (every worker on a host has its own, RocksDB
+        locks it) and the web URL (host and port) say which worker this is. The URL is part of it
+        also because Faust refuses an assignment made for another URL, and a static member that
+        rejoins is handed its previous assignment.
+        """
+        if not self.static_membership:
+            return None
+        host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
+        where = hashlib.sha256(f"{self.data_dir.resolve()} {web_url}".encode()).hexdigest()[:12]
+        return f"{self.group_id}.{host}.{where}"
 
     @property
     def bootstrap_servers(self) -> str:
@@ -203,6 +223,16 @@ def _stages(raw: str, name: str) -> tuple[str, ...]:
     return _names(raw, name)
 
 
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _bool(raw: str, name: str) -> bool:
+    try:
+        return _BOOLEANS[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{name} must be true or false (or 1/0, yes/no, on/off)") from None
+
+
 def _size(raw: str, name: str) -> int:
     return parse_bytes(raw, name=name)
 
@@ -262,5 +292,6 @@ _ENV = {
     "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
     "processing_guarantee": ("STREAMAPP_PROCESSING_GUARANTEE", _text),
     "replication_factor": ("STREAMAPP_REPLICATION_FACTOR", _int),
+    "static_membership": ("STREAMAPP_STATIC_MEMBERSHIP", _bool),
     "preview_bytes": ("STREAMAPP_PREVIEW_BYTES", _size),
 }

@@ -1,8 +1,9 @@
 """Replay scenarios that kill the join worker: each has workers of its own.
 
-After a SIGKILL the restarted worker gets the partitions only once the broker gives up on the
-killed member (the 10 s session timeout), so every wait here is measured from what the new worker
-reports, not from when it was started.
+A restarted worker with the same data dir and web port rejoins as the same static member and
+gets its partitions back at once; one with others waits until the broker gives up on the killed
+member (the 10 s session timeout). Every wait here is measured from what the new worker reports,
+not from when it was started.
 """
 
 from __future__ import annotations

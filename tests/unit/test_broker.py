@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from streamapp import broker as broker_module
-from streamapp.broker import (BrokerError, LocalBroker, check_java, ensure_jars, find_java, free_port,
-                              last_error_line, new_cluster_id, parse_java_version, port_in_use)
+from streamapp.broker import (BrokerError, LocalBroker, LocalCluster, check_java, ensure_jars, find_java,
+                              free_port, last_error_line, new_cluster_id, parse_java_version, port_in_use)
 
 MIB = 1024**2
 
@@ -258,6 +258,60 @@ def test_server_properties_carry_large_frames_and_no_auto_creation(local):
     assert props["log.dirs"] == local.data_dir / "logs"
     assert props["log.retention.check.interval.ms"] <= 30_000
     assert props["log.cleaner.enable"] == "true"
+
+
+def test_a_single_broker_keeps_one_copy_of_everything(local):
+    props = local.properties(controller_port=local.port + 1)
+    assert props["node.id"] == 1
+    assert props["default.replication.factor"] == props["offsets.topic.replication.factor"] == 1
+    assert props["min.insync.replicas"] == props["transaction.state.log.min.isr"] == 1
+
+
+def test_cluster_nodes_share_one_quorum_and_keep_three_copies(tmp_path):
+    cluster = LocalCluster(tmp_path / "cluster", 19092)
+    voters = "1@127.0.0.1:19095,2@127.0.0.1:19096,3@127.0.0.1:19097"
+    assert cluster.bootstrap == "127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094"
+    assert cluster.replication == 3
+    for number, node in enumerate(cluster.nodes, start=1):
+        props = node.properties(controller_port=19094 + number)
+        assert props["node.id"] == number and props["controller.quorum.voters"] == voters
+        assert props["listeners"] == (f"PLAINTEXT://127.0.0.1:{19091 + number},"
+                                      f"CONTROLLER://127.0.0.1:{19094 + number}")
+        assert props["default.replication.factor"] == props["offsets.topic.replication.factor"] == 3
+        assert props["min.insync.replicas"] == props["transaction.state.log.min.isr"] == 2
+        assert node.data_dir == (tmp_path / "cluster" / f"node-{number}").resolve()
+
+
+def test_cluster_nodes_are_formatted_with_one_cluster_id(tmp_path):
+    cluster = LocalCluster(tmp_path / "cluster", 19092)
+    cluster._share_cluster_id()
+    ids = {node.cluster_id_file.read_text() for node in cluster.nodes}
+    assert ids == {cluster.cluster_id_file.read_text()} and len(ids) == 1
+
+
+def test_a_cluster_does_not_fit_above_the_last_port(tmp_path):
+    with pytest.raises(BrokerError, match="needs ports 65533-65538"):
+        LocalCluster(tmp_path, 65533)
+
+
+def test_a_cluster_in_the_ephemeral_port_range_is_refused(tmp_path):
+    ephemeral = broker_module.ephemeral_ports()
+    with pytest.raises(BrokerError, match="overlap the ephemeral range"):
+        LocalCluster(tmp_path, ephemeral.start - 2)
+
+
+def test_a_free_port_block_is_free_and_below_the_ephemeral_range():
+    first = broker_module.free_port_block(6)
+    assert first + 6 <= broker_module.ephemeral_ports().start
+    assert not any(port_in_use(port) for port in range(first, first + 6))
+
+
+def test_a_node_formatted_for_another_node_id_is_refused(tmp_path):
+    node = LocalCluster(tmp_path / "cluster", 19092).nodes[1]
+    node.log_dirs.mkdir(parents=True)
+    (node.log_dirs / "meta.properties").write_text("cluster.id=abc\nnode.id=1\n")
+    with pytest.raises(BrokerError, match="formatted for Kafka node 1, not node 2"):
+        node.start()
 
 
 def test_extra_properties_override(tmp_path):

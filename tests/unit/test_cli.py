@@ -64,6 +64,18 @@ def test_status_of_a_stopped_broker_exits_3(capsys, tmp_path):
     assert "not running" in capsys.readouterr().out
 
 
+def test_status_of_a_stopped_cluster_lists_every_node_and_exits_3(capsys, tmp_path):
+    assert main(["broker", "status", "--nodes", "3", "--data-dir", str(tmp_path / "c"), "--port", "19092"]) == 3
+    out = capsys.readouterr().out
+    assert [line.split()[:4] for line in out.splitlines()] == [
+        ["node", str(number), "not", "running"] for number in (1, 2, 3)]
+
+
+def test_a_cluster_is_one_or_three_nodes(capsys):
+    assert main(["broker", "start", "--nodes", "2"]) == 2
+    assert "invalid choice: 2" in capsys.readouterr().err
+
+
 def test_stop_of_a_stopped_broker_is_fine(capsys, tmp_path):
     assert main(["broker", "stop", "--data-dir", str(tmp_path / "b")]) == 0
     assert "not running" in capsys.readouterr().out

@@ -103,6 +103,7 @@ def test_defaults_are_valid_and_empty_environment_gives_defaults():
     ("STREAMAPP_YOLO_NMS", "0"),
     ("STREAMAPP_YOLO_NMS", "half"),
     ("STREAMAPP_INFER_BATCH", "0"),
+    ("STREAMAPP_STATIC_MEMBERSHIP", "maybe"),
 ])
 def test_bad_values_are_rejected_with_the_variable_name(variable, value):
     with pytest.raises(SettingsError) as info:
@@ -145,7 +146,7 @@ def test_a_customised_settings_round_trips_through_the_environment():
         disk_reserve_bytes=8 * 1024**2, data_dir=Path("/var/lib/streamapp"), out_dir=Path("results"),
         web_port=6067, resize_width=640, resize_height=480, jpeg_quality=75, detector="yolo",
         yolo_input=320, yolo_confidence=0.4, yolo_nms=0.5, yolo_classes=("person", "traffic light"),
-        infer_batch=8,
+        infer_batch=8, static_membership=False,
     )
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings.from_env(Settings().to_env()) == Settings()
@@ -203,3 +204,25 @@ def test_parse_resolution_and_stream_id():
     for bad in ("", "a/b", "x" * 65, "cam 1"):
         with pytest.raises(ValueError):
             parse_stream_id(bad)
+
+
+@pytest.mark.parametrize("text, expected", [("true", True), ("1", True), ("on", True), ("False", False),
+                                            ("0", False), ("no", False)])
+def test_static_membership_is_a_yes_or_no(text, expected):
+    assert Settings.from_env({"STREAMAPP_STATIC_MEMBERSHIP": text}).static_membership is expected
+
+
+def test_a_worker_is_the_same_static_member_on_every_start_and_no_other_worker_is():
+    worker = Settings(stages=("join",), data_dir=Path("data/join-a"))
+    member = worker.group_instance_id("http://host:6066")
+    assert member == worker.replace().group_instance_id("http://host:6066")
+    assert member.startswith("streamapp-join.")
+    assert len(member) <= 249 and set(member) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+    others = {worker.replace(data_dir=Path("data/join-b")).group_instance_id("http://host:6066"),
+              worker.group_instance_id("http://host:6067"),
+              worker.replace(stages=("sink",)).group_instance_id("http://host:6066")}
+    assert member not in others and len(others) == 3
+
+
+def test_without_static_membership_there_is_no_member_name():
+    assert Settings(static_membership=False).group_instance_id("http://host:6066") is None
