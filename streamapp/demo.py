@@ -64,7 +64,7 @@ class DemoFailed(StreamappError, RuntimeError):
 
 SYNTHETIC_FPS = 15.0
 # Per video: what one YOLO infer worker keeps up with for two videos on a busy 2-core machine
-# that also runs the other stages and the broker (see the README's measurements).
+# that also runs the other stages and the broker (see docs/benchmarks.md, Measurements).
 REAL_FPS = 3.0
 
 

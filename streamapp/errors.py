@@ -11,7 +11,7 @@ import enum
 
 
 class ExitCode(enum.IntEnum):
-    """Exit codes of ``streamapp`` and of a worker that refuses to start (README, Exit codes)."""
+    """Exit codes of ``streamapp`` and of a worker that refuses to start (docs/operations.md, Errors and exit codes)."""
 
     FAILURE = 1  # an expected failure with no code of its own (a demo check, a corrupt file, ...)
     USAGE = 2  # a bad flag, a bad STREAMAPP_* setting, a bad size or duration
