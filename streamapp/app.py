@@ -24,7 +24,7 @@ from streamapp import topics as topic_defs
 from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 from streamapp.deadletter import DeadLetters
 from streamapp.errors import StreamappError, one_line
-from streamapp.metrics import PROMETHEUS_CONTENT_TYPE, Metrics, consumer_gauges, memory_budget_gauges
+from streamapp.metrics import PROMETHEUS_CONTENT_TYPE, Metrics, consumer_gauges, faust_monitor, memory_budget_gauges
 from streamapp.settings import Settings
 from streamapp.tables.memory import RocksMemory, shared_rocks_memory
 from streamapp.tables.window import STORE_URL
@@ -169,6 +169,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     app.dropped = OverloadCounts()
     app.stream_buffers = []
     metrics = Metrics()
+    app.monitor = faust_monitor(metrics.registry)
     metrics.add_gauges(app.budget_gauges)
     metrics.add_gauges(lambda: memory_budget_gauges(settings.memory_budget_bytes))
     metrics.add_gauges(lambda: consumer_gauges(app))

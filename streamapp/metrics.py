@@ -1,8 +1,11 @@
 """Counters, gauges and histograms of one worker process: one registry, two views.
 
 :meth:`Metrics.snapshot` is the registry's state as Prometheus samples (``name`` or
-``name{label="value"}`` -> value). The worker serves it as JSON on ``/streamapp/stats/`` and as
-Prometheus text on ``/metrics`` (:func:`prometheus_text`), so the two always agree.
+``name{label="value"}`` -> value). The worker serves it as JSON on ``/streamapp/stats/``, and
+``/metrics`` serves :attr:`Metrics.registry`: a ``prometheus_client`` registry of this app alone
+(tests build several apps in one process) that reads the same samples through
+:class:`ProjectCollector`, beside the standard process, gc and platform collectors and Faust's
+Prometheus sensor (:func:`faust_monitor`).
 
 Counters count outcomes (every record ends in exactly one) and end in ``_total``; gauges are read
 when asked, from providers registered by the stages (join state, RocksDB, consumer lag) plus the
@@ -21,9 +24,18 @@ from collections import Counter
 from typing import Callable, Iterable, Mapping, Sequence
 
 from faust.exceptions import ConsumerNotStarted
+from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
+from prometheus_client import (CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, GCCollector, PlatformCollector,
+                               ProcessCollector, generate_latest)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 GaugeProvider = Callable[[], Mapping[str, float]]
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+# Faust's sensor families are named faust_<metric> on every worker, whatever its app id.
+FAUST_METRICS_PREFIX = "faust"
+# Families of the snapshot that the standard process collector serves on /metrics under the same
+# name and type; the JSON page keeps them.
+STANDARD_FAMILIES = frozenset({"process_resident_memory_bytes"})
 
 # Seconds: from a fast local join to the default 5 s TTL and beyond (a TTL raised by the user).
 JOIN_LATENCY_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -75,7 +87,6 @@ HELP: dict[str, str] = {
     "sink_dead_lettered_total": "Records the sink sent to the dead-letter topic.",
     "kafka_consumer_lag_records": "Records in a partition after the worker's last committed offset.",
     "kafka_consumer_assigned_partitions": "Partitions of a topic assigned to this worker.",
-    "process_resident_memory_bytes": "Resident memory of the worker now.",
     "process_peak_resident_memory_bytes": "Highest resident memory of the worker so far.",
     "memory_budget_used_ratio": "Resident memory as a fraction of the memory budget.",
     "gc_collections_total": "Collections by Python's cyclic garbage collector, all generations.",
@@ -111,6 +122,17 @@ def family_of(sample: str) -> str:
     return sample.partition("{")[0]
 
 
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def parse_sample(sample: str) -> tuple[str, dict[str, str]]:
+    """The family and labels of a snapshot key: the inverse of :func:`sample_name`."""
+    family, _, labels = sample.partition("{")
+    return family, {name: re.sub(r"\\.", lambda escape: _UNESCAPE.get(escape.group(), escape.group()), value)
+                    for name, value in _LABEL.findall(labels)}
+
+
 class Histogram:
     """Observed values in cumulative buckets, as Prometheus histograms are exposed."""
 
@@ -144,6 +166,11 @@ class Metrics:
         self._gc_seconds = 0.0
         self._gc_started = 0.0
         gc.callbacks.append(self._time_gc)
+        self.registry = CollectorRegistry()
+        self.registry.register(ProjectCollector(self))
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
 
     def inc(self, name: str, amount: int = 1) -> None:
         self.counters[name] += amount
@@ -160,18 +187,23 @@ class Metrics:
         histogram = self.histograms[family] = Histogram(bounds)
         return histogram
 
-    def snapshot(self) -> dict[str, float]:
+    def scalar_samples(self) -> dict[str, float]:
+        """Counters and gauges: the snapshot without the histograms."""
         values: dict[str, float] = dict(self.counters)
         values.update(process_gauges())
         values["gc_seconds_total"] = round(self._gc_seconds, 6)
         for provider in self._providers:
             values.update(provider())
+        return values
+
+    def snapshot(self) -> dict[str, float]:
+        values = self.scalar_samples()
         for family, histogram in self.histograms.items():
             values.update(histogram.samples(family))
         return values
 
     def prometheus_text(self) -> str:
-        return prometheus_text(self.snapshot(), self.histograms)
+        return generate_latest(self.registry).decode()
 
     def _time_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -180,37 +212,47 @@ class Metrics:
             self._gc_seconds += time.perf_counter() - self._gc_started
 
 
-def prometheus_text(samples: Mapping[str, float], histograms: Iterable[str] = ()) -> str:
-    """Samples in the Prometheus text exposition format (version 0.0.4), one family per block.
+class ProjectCollector:
+    """The project's own samples as ``prometheus_client`` families, read at each scrape: a family
+    ending in ``_total`` is a counter, a histogram is one of :attr:`Metrics.histograms`, the rest
+    are gauges; help comes from :data:`HELP` (empty for a family missing there)."""
 
-    Families are sorted by name; samples keep their order within a family (histogram buckets
-    ascending, as providers list them)."""
-    histograms = set(histograms)
-    families: dict[str, list[str]] = {}
-    for sample, value in samples.items():
-        families.setdefault(_histogram_family(sample, histograms) or family_of(sample), []).append(
-            f"{sample} {_format_number(value)}")
-    lines = []
-    for family, family_samples in sorted(families.items()):
-        if family in HELP:
-            lines.append(f"# HELP {family} {HELP[family]}")
-        lines.append(f"# TYPE {family} {_type_of(family, histograms)}")
-        lines.extend(family_samples)
-    return "\n".join(lines) + "\n"
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
 
-
-def _histogram_family(sample: str, histograms: set[str]) -> str | None:
-    name = family_of(sample)
-    for suffix in ("_bucket", "_sum", "_count"):
-        if name.endswith(suffix) and name.removesuffix(suffix) in histograms:
-            return name.removesuffix(suffix)
-    return None
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for sample, value in self._metrics.scalar_samples().items():
+            family, labels = parse_sample(sample)
+            if family not in STANDARD_FAMILIES:
+                families.setdefault(family, []).append((labels, value))
+        for family, samples in sorted(families.items()):
+            yield _scalar_family(family, samples)
+        for family, histogram in sorted(self._metrics.histograms.items()):
+            yield _histogram_family(family, histogram)
 
 
-def _type_of(family: str, histograms: set[str]) -> str:
-    if family in histograms:
-        return "histogram"
-    return "counter" if family.endswith("_total") else "gauge"
+def _scalar_family(family: str, samples: list[tuple[dict[str, str], float]]) -> Metric:
+    kind = CounterMetricFamily if family.endswith("_total") else GaugeMetricFamily
+    label_names = list(samples[0][0])
+    metric = kind(family, HELP.get(family, ""), labels=label_names)
+    for labels, value in samples:
+        metric.add_metric([labels[name] for name in label_names], value)
+    return metric
+
+
+def _histogram_family(family: str, histogram: Histogram) -> Metric:
+    samples = histogram.samples(family)
+    buckets = [(parse_sample(sample)[1]["le"], count) for sample, count in samples.items()
+               if family_of(sample) == f"{family}_bucket"]
+    return HistogramMetricFamily(family, HELP.get(family, ""), buckets=buckets, sum_value=samples[f"{family}_sum"])
+
+
+def faust_monitor(registry: CollectorRegistry) -> PrometheusMonitor:
+    """Faust's Prometheus sensor (rebalances, commit and send latency, events, web requests) with
+    its families in ``registry``. Built here rather than by ``setup_prometheus_sensors``, which
+    would also serve a second page of its own."""
+    return PrometheusMonitor(metrics=FaustMetrics.create(registry, FAUST_METRICS_PREFIX))
 
 
 def _format_number(value: float) -> str:

@@ -1,4 +1,5 @@
-"""The sink worker's live preview in a real headless Chromium, and its /metrics page.
+"""The sink worker's live preview in a real headless Chromium, and its /metrics page (the project's
+metrics, the standard collectors and Faust's sensor on one page).
 
 A sink worker runs on the real broker; joined records of two streams, each with one box of a
 distinct colour, are published to its input. Chromium loads /preview/ (its script polls the
@@ -128,3 +129,15 @@ def test_metrics_page_is_prometheus_text_that_agrees_with_the_stats_page(sink_wo
     lag = families["kafka_consumer_lag_records"].samples
     assert lag and all(sample.value == 0 for sample in lag)
     assert {sample.labels["topic"] for sample in lag} == {topic_names(sink_worker.settings)["joined"]}
+    # The same page carries the standard collectors and Faust's own sensor.
+    assert families["python_gc_objects_collected"].type == "counter"
+    assert families["process_cpu_seconds"].samples[0].value > 0
+    received = {sample.labels["topic"]: sample.value for sample in families["faust_messages_received_per_topic"].samples
+                if sample.name.endswith("_total")}
+    assert received == {topic_names(sink_worker.settings)["joined"]: 6}
+    commits = {sample.name: sample.value for sample in families["faust_consumer_commit_latency"].samples}
+    assert commits["faust_consumer_commit_latency_count"] > 0
+    assert families["faust_assign_latency"].type == "histogram"
+    # The scrapes of this test were seen by Faust's web sensor.
+    assert any(sample.labels.get("status_code") == "200" and sample.value > 0
+               for sample in families["faust_http_status_codes"].samples)

@@ -1,5 +1,6 @@
-"""The metrics registry: one snapshot, rendered as Prometheus text that a Prometheus parser reads back
-with the same values, types and help; histograms; consumer lag; every metric documented."""
+"""The metrics registry: one snapshot, served as Prometheus text (prometheus_client) that a Prometheus
+parser reads back with the same values, types, labels and help beside the standard collectors and
+Faust's sensor; histograms; consumer lag; metric names."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
-from streamapp.metrics import (HELP, Histogram, Metrics, consumer_gauges, peak_rss_bytes, prometheus_text,
-                               sample_name)
+from streamapp.metrics import (HELP, STANDARD_FAMILIES, Histogram, Metrics, consumer_gauges, faust_monitor,
+                               family_of, parse_sample, peak_rss_bytes, sample_name)
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
 
 def parse(text: str) -> dict:
@@ -34,21 +35,28 @@ def test_histogram_buckets_are_cumulative_with_sum_and_count():
     }
 
 
-def test_prometheus_text_reads_back_with_the_snapshot_values_types_and_help():
+def registry_with_project_metrics() -> Metrics:
     metrics = Metrics()
     metrics.inc("join_joined_total", 3)
     metrics.declare("join_dead_lettered_total")
     metrics.add_gauges(lambda: {"join_pending_entries": 7,
                                 sample_name("kafka_consumer_lag_records", topic="frames", partition=2): 11})
     metrics.histogram("join_latency_seconds", [0.5, 1.0]).observe(0.75)
+    return metrics
+
+
+def test_metrics_page_reads_back_with_the_snapshot_values_types_labels_and_help():
+    metrics = registry_with_project_metrics()
     snapshot = metrics.snapshot()
-    families = parse(prometheus_text(snapshot, metrics.histograms))
+    families = parse(metrics.prometheus_text())
 
     # The parser names a counter family without its _total suffix.
     assert families["join_joined"].type == "counter"
     assert families["join_joined"].documentation == HELP["join_joined_total"]
+    assert [(s.name, s.value) for s in families["join_joined"].samples] == [("join_joined_total", 3)]
     assert families["join_dead_lettered"].samples[0].value == 0
     assert families["join_pending_entries"].type == "gauge"
+    assert families["join_pending_entries"].documentation == HELP["join_pending_entries"]
     [lag] = families["kafka_consumer_lag_records"].samples
     assert (lag.labels, lag.value) == ({"topic": "frames", "partition": "2"}, 11)
     latency = families["join_latency_seconds"]
@@ -58,16 +66,69 @@ def test_prometheus_text_reads_back_with_the_snapshot_values_types_and_help():
         ("join_latency_seconds_bucket", "0.5"): 0, ("join_latency_seconds_bucket", "1"): 1,
         ("join_latency_seconds_bucket", "+Inf"): 1, ("join_latency_seconds_sum", None): 0.75,
         ("join_latency_seconds_count", None): 1}
-    parsed = {(s.name, tuple(sorted(s.labels.items()))): s.value
-              for family in families.values() for s in family.samples}
-    assert len(parsed) == len(snapshot)
-    assert parsed[("process_resident_memory_bytes", ())] == snapshot["process_resident_memory_bytes"]
+    def key(name: str, labels: dict) -> tuple:
+        return name, tuple(sorted(labels.items()))
+
+    parsed = {key(s.name, s.labels): s.value for family in families.values() for s in family.samples}
+    # Every snapshot sample is on the page with its value; process and gc values are read again
+    # at the scrape.
+    own = {key(*parse_sample(name)): value for name, value in snapshot.items()
+           if family_of(name) not in STANDARD_FAMILIES}
+    assert own.keys() <= parsed.keys()
+    steady = {name: value for name, value in own.items() if not name[0].startswith(("process_", "gc_"))}
+    assert {name: parsed[name] for name in steady} == steady
+
+
+def test_metrics_page_carries_the_standard_process_gc_and_platform_collectors():
+    families = parse(Metrics().prometheus_text())
+    assert families["process_resident_memory_bytes"].type == "gauge"
+    assert families["process_resident_memory_bytes"].samples[0].value > 0
+    assert families["process_cpu_seconds"].type == "counter"
+    collected = families["python_gc_objects_collected"]
+    assert collected.type == "counter"
+    assert {s.labels["generation"] for s in collected.samples} == {"0", "1", "2"}
+    assert families["python_info"].samples[0].labels["implementation"]
+    # One family per name: the project's own RSS gauge gives way to the standard collector's.
+    assert len(families["process_resident_memory_bytes"].samples) == 1
+
+
+def test_faust_sensor_metrics_are_on_the_same_page():
+    metrics = Metrics()
+    monitor = faust_monitor(metrics.registry)
+    monitor.on_commit_completed(None, monitor.on_commit_initiated(None))
+    monitor.on_tp_commit({TP("frames", 1): 42})
+    families = parse(metrics.prometheus_text())
+    commit = families["faust_consumer_commit_latency"]
+    assert commit.type == "histogram"
+    assert {s.name: s.value for s in commit.samples}["faust_consumer_commit_latency_count"] == 1
+    [committed] = families["faust_topic_partition_offset_commited"].samples
+    assert (committed.labels, committed.value) == ({"topic": "frames", "partition": "1"}, 42)
+    for family in ("faust_total_rebalances", "faust_rebalance_done_latency", "faust_producer_send_latency"):
+        assert family in families, family
+    # The monitor still records commits for the consumer lag gauges.
+    assert monitor.tp_committed_offsets == {TP("frames", 1): 42}
+
+
+def test_each_metrics_has_its_own_registry():
+    first, second = registry_with_project_metrics(), Metrics()
+    faust_monitor(first.registry), faust_monitor(second.registry)
+    second.inc("join_joined_total")
+    assert parse(first.prometheus_text())["join_joined"].samples[0].value == 3
+    assert parse(second.prometheus_text())["join_joined"].samples[0].value == 1
+
+
+def test_a_family_missing_from_help_has_no_documentation_on_the_page():
+    metrics = Metrics()
+    metrics.inc("made_up_total")
+    assert parse(metrics.prometheus_text())["made_up"].documentation == ""
 
 
 def test_label_values_are_escaped():
     name = sample_name("x", topic='a"b\\c\nd')
-    [family] = text_string_to_metric_families(prometheus_text({name: 1}))
-    assert family.samples[0].labels == {"topic": 'a"b\\c\nd'}
+    assert parse_sample(name) == ("x", {"topic": 'a"b\\c\nd'})
+    metrics = Metrics()
+    metrics.add_gauges(lambda: {name: 1})
+    assert parse(metrics.prometheus_text())["x"].samples[0].labels == {"topic": 'a"b\\c\nd'}
 
 
 def test_join_latency_is_how_long_the_first_side_waited():
