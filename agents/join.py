@@ -204,11 +204,17 @@ def register(stage) -> None:
     record_limit = max_record_bytes(settings)
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
     frames_topic, results_topic = topics.frames.get_topic_name(), topics.detections.get_topic_name()
-    start_offsets: dict[tuple[str, int], Optional[int]] = {}
+    # Per (topic, partition): the consumer generation it was asked in, and the position then.
+    start_offsets: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def start_offset(topic: str, number: int) -> Optional[int]:
+        generation, offset = start_offsets.get((topic, number), (None, None))
+        return offset if generation == app.consumer_generation_id else None  # moved since
+
     progress = ReadProgress(
         frames_topic, results_topic,
         end_offset=lambda topic, number: end_offset(app.consumer, TP(topic, number)),
-        start_offset=lambda topic, number: start_offsets.get((topic, number)),
+        start_offset=start_offset,
         generation=lambda: app.consumer_generation_id,
         clock=now_ms,
     )
@@ -279,7 +285,8 @@ def register(stage) -> None:
         for tp in app.consumer.assignment():
             if tp.topic in (frames_topic, results_topic):
                 try:
-                    start_offsets[(tp.topic, tp.partition)] = await app.consumer.position(tp)
+                    generation = app.consumer_generation_id
+                    start_offsets[(tp.topic, tp.partition)] = (generation, await app.consumer.position(tp))
                 except Exception as exc:  # noqa: BLE001 - revoked meanwhile; the next sweep asks again
                     log.debug("no position for %s: %r", tp, exc)
 
