@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import time
 from typing import Iterable, Optional, Protocol
 
@@ -33,7 +32,6 @@ from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
 from streamapp.wire import Detections, Frame, Joined
 
-log = logging.getLogger(__name__)
 
 # Records the agent decides at once at most; bytes per batch are the memory plan's (Stage.batch_bytes).
 MAX_BATCH_EVENTS = 1000
@@ -204,17 +202,10 @@ def register(stage) -> None:
     record_limit = max_record_bytes(settings)
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
     frames_topic, results_topic = topics.frames.get_topic_name(), topics.detections.get_topic_name()
-    # Per (topic, partition): the consumer generation it was asked in, and the position then.
-    start_offsets: dict[tuple[str, int], tuple[int, int]] = {}
-
-    def start_offset(topic: str, number: int) -> Optional[int]:
-        generation, offset = start_offsets.get((topic, number), (None, None))
-        return offset if generation == app.consumer_generation_id else None  # moved since
-
     progress = ReadProgress(
         frames_topic, results_topic,
         end_offset=lambda topic, number: end_offset(app.consumer, TP(topic, number)),
-        start_offset=start_offset,
+        start_offset=lambda topic, number: app.consumer.start_offset(TP(topic, number)),
         generation=lambda: app.consumer_generation_id,
         clock=now_ms,
     )
@@ -279,24 +270,12 @@ def register(stage) -> None:
                 await join_batch(events)
                 await disk.unless_full(expire_and_step)
 
-    async def refresh_start_offsets() -> None:
-        """Where the consumer reads each input partition from, for "caught up" before this
-        worker has read anything of it."""
-        for tp in app.consumer.assignment():
-            if tp.topic in (frames_topic, results_topic):
-                try:
-                    generation = app.consumer_generation_id
-                    start_offsets[(tp.topic, tp.partition)] = (generation, await app.consumer.position(tp))
-                except Exception as exc:  # noqa: BLE001 - revoked meanwhile; the next sweep asks again
-                    log.debug("no position for %s: %r", tp, exc)
-
     @app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():
         # Mid-recovery the store holds part of the changelog: an overdue frame whose "joined"
         # marker is in a later batch would be emitted again as unmatched.
         if app.in_recovery or app.rebalancing:
             return
-        await refresh_start_offsets()
         async with window.lock:
             await disk.unless_full(expire_and_step)
             await disk.unless_full(lambda: disk.tend(window, on_due))
