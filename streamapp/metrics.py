@@ -21,10 +21,12 @@ import re
 import resource
 import time
 from collections import Counter
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from faust.exceptions import ConsumerNotStarted
+from faust.sensors.monitor import Monitor
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
+from faust.types import TP
 from prometheus_client import (CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, GCCollector, PlatformCollector,
                                ProcessCollector, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -248,11 +250,59 @@ def _histogram_family(family: str, histogram: Histogram) -> Metric:
     return HistogramMetricFamily(family, HELP.get(family, ""), buckets=buckets, sum_value=samples[f"{family}_sum"])
 
 
+class LeanPrometheusMonitor(PrometheusMonitor):
+    """Faust's Prometheus sensor, same families and values, with cheap per-record hooks. Faust's
+    looks up each labelled child for every record (and renders a stream's label through a regex
+    each time): on a join worker that cost a third of its CPU per record. Here each child is
+    looked up once per topic, partition or stream and kept (a few per input partition)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, family, *labels):
+        key = (id(family), *labels)
+        child = self._children.get(key)
+        if child is None:
+            names = family._labelnames
+            child = self._children[key] = family.labels(**dict(zip(names, labels)))
+        return child
+
+    def on_message_in(self, tp: TP, offset: int, message) -> None:
+        Monitor.on_message_in(self, tp, offset, message)
+        metrics = self._metrics
+        metrics.messages_received.inc()
+        metrics.active_messages.inc()
+        self._child(metrics.messages_received_per_topics, tp.topic).inc()
+        self._child(metrics.messages_received_per_topics_partition, tp.topic, tp.partition).set(offset)
+
+    def on_stream_event_in(self, tp: TP, offset: int, stream, event):
+        state = Monitor.on_stream_event_in(self, tp, offset, stream, event)
+        metrics = self._metrics
+        metrics.total_events.inc()
+        metrics.total_active_events.inc()
+        key = (id(metrics.total_events_per_stream), id(stream))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metrics.total_events_per_stream.labels(
+                stream=f"stream.{self._stream_label(stream)}.events")
+        child.inc()
+        return state
+
+    def on_send_initiated(self, producer, topic: str, message, keysize: int, valsize: int):
+        self._child(self._metrics.topic_messages_sent, f"topic.{topic}").inc()
+        return Monitor.on_send_initiated(self, producer, topic, message, keysize, valsize)
+
+    def track_tp_end_offset(self, tp: TP, offset: int) -> None:
+        Monitor.track_tp_end_offset(self, tp, offset)
+        self._child(self._metrics.topic_partition_end_offset, tp.topic, tp.partition).set(offset)
+
+
 def faust_monitor(registry: CollectorRegistry) -> PrometheusMonitor:
     """Faust's Prometheus sensor (rebalances, commit and send latency, events, web requests) with
     its families in ``registry``. Built here rather than by ``setup_prometheus_sensors``, which
     would also serve a second page of its own."""
-    return PrometheusMonitor(metrics=FaustMetrics.create(registry, FAUST_METRICS_PREFIX))
+    return LeanPrometheusMonitor(metrics=FaustMetrics.create(registry, FAUST_METRICS_PREFIX))
 
 
 def _format_number(value: float) -> str:

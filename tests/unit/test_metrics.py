@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from faust.exceptions import ConsumerNotStarted
+from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -107,6 +108,48 @@ def test_faust_sensor_metrics_are_on_the_same_page():
         assert family in families, family
     # The monitor still records commits for the consumer lag gauges.
     assert monitor.tp_committed_offsets == {TP("frames", 1): 42}
+
+
+class _Stream:
+    shortlabel = "Stream: Topic: frames|detections"
+
+    def __init__(self) -> None:
+        self.task_owner = self  # Faust keys a weak map by it
+
+
+class _Message:
+    time_in = None
+
+
+def _feed_per_record_hooks(monitor) -> None:
+    stream, message = _Stream(), _Message()
+    for offset in range(3):
+        for tp in (TP("frames", 1), TP("detections", 1), TP("frames", 2)):
+            monitor.on_message_in(tp, offset, message)
+            state = monitor.on_stream_event_in(tp, offset, stream, None)
+            monitor.on_stream_event_out(tp, offset, stream, None, state)
+            monitor.on_message_out(tp, offset, message)
+            monitor.track_tp_end_offset(tp, offset + 10)
+            sent = monitor.on_send_initiated(None, "joined", None, 1, 2)
+            monitor.on_send_completed(None, sent, None)
+
+
+def _faust_counts(text: str) -> dict:
+    """Faust's samples but its timings (they differ from run to run) and creation times."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name.startswith("faust_") and not ("latency" in family.name or "runtime" in family.name)
+            for sample in family.samples if not sample.name.endswith("_created")}
+
+
+def test_faust_sensor_per_record_hooks_give_what_faust_s_own_sensor_gives():
+    ours, faust_own = Metrics(), Metrics()
+    _feed_per_record_hooks(faust_monitor(ours.registry))
+    _feed_per_record_hooks(PrometheusMonitor(metrics=FaustMetrics.create(faust_own.registry, "faust")))
+    expected = _faust_counts(faust_own.prometheus_text())
+    assert expected[("faust_messages_received_per_topic_total", (("topic", "frames"),))] == 6
+    assert expected[("faust_total_events_per_stream_total", (("stream", "stream.topic_frames|detections.events"),))] == 9
+    assert _faust_counts(ours.prometheus_text()) == expected
 
 
 def test_each_metrics_has_its_own_registry():
