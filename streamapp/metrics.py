@@ -258,14 +258,14 @@ class LeanPrometheusMonitor(PrometheusMonitor):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._children: dict[tuple, Any] = {}
+        self._labelled: dict[tuple, Any] = {}
 
     def _child(self, family, *labels):
         key = (id(family), *labels)
-        child = self._children.get(key)
+        child = self._labelled.get(key)
         if child is None:
             names = family._labelnames
-            child = self._children[key] = family.labels(**dict(zip(names, labels)))
+            child = self._labelled[key] = family.labels(**dict(zip(names, labels)))
         return child
 
     def on_message_in(self, tp: TP, offset: int, message) -> None:
@@ -282,9 +282,9 @@ class LeanPrometheusMonitor(PrometheusMonitor):
         metrics.total_events.inc()
         metrics.total_active_events.inc()
         key = (id(metrics.total_events_per_stream), id(stream))
-        child = self._children.get(key)
+        child = self._labelled.get(key)
         if child is None:
-            child = self._children[key] = metrics.total_events_per_stream.labels(
+            child = self._labelled[key] = metrics.total_events_per_stream.labels(
                 stream=f"stream.{self._stream_label(stream)}.events")
         child.inc()
         return state
