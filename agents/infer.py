@@ -23,7 +23,7 @@ import numpy as np
 
 from streamapp import assets, wire
 from streamapp.errors import UsageError
-from streamapp.metrics import INFER_LATENCY_BOUNDS
+from streamapp.worker.metrics import INFER_LATENCY_BOUNDS
 from streamapp.imaging import CorruptFrame, decode_frame
 from streamapp.settings import Settings
 from streamapp.wire import Box, Detections, Frame, FrameId

@@ -28,7 +28,7 @@ from faust.types import TP
 
 from streamapp import wire
 from streamapp.jpeg import CorruptFrame, check_jpeg
-from streamapp.metrics import JOIN_LATENCY_BOUNDS, Histogram
+from streamapp.worker.metrics import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
 from streamapp.wire import Detections, Frame, Joined

@@ -31,9 +31,10 @@ import cv2
 import numpy as np
 
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
-from streamapp import preview, wire
+from streamapp import wire
+from streamapp.worker import preview
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of
-from streamapp.preview import LatestFrames
+from streamapp.worker.preview import LatestFrames
 from streamapp.wire import Box, FrameId, Joined
 
 log = logging.getLogger(__name__)

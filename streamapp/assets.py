@@ -25,7 +25,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-from streamapp.broker import file_lock
+from streamapp.tools.localkafka.broker import file_lock
 from streamapp.errors import StreamappError
 
 log = logging.getLogger(__name__)

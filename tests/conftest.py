@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from streamapp import assets
-from streamapp.broker import BrokerError, LocalBroker, free_port
+from streamapp.tools.localkafka.broker import BrokerError, LocalBroker, free_port
 
 
 def pytest_collection_modifyitems(items):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from streamapp.demo import DemoOptions, run_demo
+from streamapp.tools.demo import DemoOptions, run_demo
 from streamapp.settings import Settings
 
 pytestmark = pytest.mark.e2e

@@ -23,12 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.broker import free_port
-from streamapp.metrics import sample_name
-from streamapp.publisher import FramePublisher, interleave
+from streamapp.tools.localkafka.broker import free_port
+from streamapp.worker.metrics import sample_name
+from streamapp.tools.publisher import FramePublisher, interleave
 from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics, topic_names
-from streamapp.workers import Worker
+from streamapp.tools.workers import Worker
 
 pytestmark = pytest.mark.e2e
 
@@ -147,5 +147,5 @@ def test_both_workers_of_every_stage_did_part_of_the_work(run):
 def test_every_metric_a_worker_exposes_has_help(run):
     for worker in run.workers:
         undocumented = {name for name, family in metric_families(worker).items() if not family.documentation}
-        assert not undocumented, f"{worker.stage}: metrics without help in streamapp.metrics.HELP " \
+        assert not undocumented, f"{worker.stage}: metrics without help in streamapp.worker.metrics.HELP " \
                                  f"(and docs/operations.md): {sorted(undocumented)}"

@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
 from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.publisher import FramePublisher
+from streamapp.tools.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
 

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streamapp.broker import BrokerError, LocalBroker, free_port
-from streamapp.cli import main
+from streamapp.tools.localkafka.broker import BrokerError, LocalBroker, free_port
+from streamapp.tools.cli import main
 
 pytestmark = pytest.mark.kafka
 

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 from streamapp.agents.sink import frame_path
-from streamapp.broker import LocalBroker, free_port
-from streamapp.chaos import read_joined, wait_for
+from streamapp.tools.localkafka.broker import LocalBroker, free_port
+from streamapp.tools.chaos import read_joined, wait_for
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics
-from streamapp.workers import Worker
+from streamapp.tools.workers import Worker
 
 from publishing import publish_frames
 

@@ -9,8 +9,8 @@ The cluster is the module's own (never the session's broker); the faults come fr
 
 import pytest
 
-from streamapp.broker import LocalCluster, free_port_block
-from streamapp.chaos import ChaosOptions, run_chaos
+from streamapp.tools.localkafka.broker import LocalCluster, free_port_block
+from streamapp.tools.chaos import ChaosOptions, run_chaos
 from streamapp.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]

@@ -9,7 +9,7 @@ import pytest
 import rocksdict
 
 from streamapp.agents.sink import frame_path, video_segments
-from streamapp.chaos import Pipeline, read_joined, wait_for
+from streamapp.tools.chaos import Pipeline, read_joined, wait_for
 from streamapp.settings import Settings
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.store import EXPIRY_FAMILY

@@ -4,7 +4,7 @@ A run replays the scenario's records into the worker's ``frames`` and ``detectio
 reads ``joined`` as it goes and samples the worker's ``/streamapp/stats/`` for its pending state.
 It ends when the worker has consumed every record, holds nothing pending and every frame is out
 (then reads one more second, to catch a duplicate). The judge compares the outcome with what the
-join's own decision predicts for the same records (``streamapp.replay.predict``), frame by frame.
+join's own decision predicts for the same records (``streamapp.tools.replay.transforms.predict``), frame by frame.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streamapp import replay, wire
-from streamapp.broker import free_port
-from streamapp.recording import Record
-from streamapp.scenario import ReplayPlan, Scenario
+from streamapp import wire
+
+from streamapp.tools.replay import transforms as replay
+from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.replay.format import Record
+from streamapp.tools.replay.scenario import ReplayPlan, Scenario
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
-from streamapp.workers import Worker, wait_until
+from streamapp.tools.workers import Worker, wait_until
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 # Scheduling slack on a loaded 2-core machine, added to every timing bound (never a pass on its own).

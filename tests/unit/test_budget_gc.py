@@ -12,9 +12,9 @@ import os
 
 from streamapp.agents.sink import annotate
 from streamapp.agents.source import SyntheticScene, to_frame
-from streamapp.bench.sampler import rss_of
+from streamapp.tools.bench.sampler import rss_of
 from streamapp.imaging import CorruptFrame
-from streamapp.metrics import Metrics
+from streamapp.worker.metrics import Metrics
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 FRAMES = 2000

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
-from streamapp.cli import build_parser
+from streamapp.tools.cli import build_parser
 from streamapp.settings import STAGES, Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """The preview's frame store: newest frame per stream, bounded in bytes, evictions counted."""
 
-from streamapp.preview import LatestFrames, main_counters
+from streamapp.worker.preview import LatestFrames, main_counters
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 

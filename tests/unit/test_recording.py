@@ -9,10 +9,10 @@ import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
 from streamapp import wire
-from streamapp.cli import main
-from streamapp.recording import (Record, Recording, RecordingError, RecordingWriter, key_partition,
+from streamapp.tools.cli import main
+from streamapp.tools.replay.format import (Record, Recording, RecordingError, RecordingWriter, key_partition,
                                  synthetic_records)
-from streamapp.replay import side_of
+from streamapp.tools.replay.transforms import side_of
 from streamapp.settings import Settings
 
 RECORDS = [

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from streamapp import replay, wire
-from streamapp.cli import main
-from streamapp.recording import Record, RecordingWriter
-from streamapp.scenario import ReplayPlan, Scenario
+from streamapp import wire
+
+from streamapp.tools.replay import transforms as replay
+from streamapp.tools.cli import main
+from streamapp.tools.replay.format import Record, RecordingWriter
+from streamapp.tools.replay.scenario import ReplayPlan, Scenario
 from streamapp.settings import Settings
 
 SCENARIOS = Path(__file__).parents[1] / "replay" / "scenarios"

@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from streamapp.arguments import count_arg, rates_arg, resolution_arg, seconds_arg, steady_fps_arg
+from streamapp.tools.arguments import count_arg, rates_arg, resolution_arg, seconds_arg, steady_fps_arg
 
 HELP = "the join side by side with Kafka Streams and a plain copy, on one broker and the same bytes"
 SYSTEMS = ("copy", "kstreams", "streamapp")
@@ -55,8 +55,8 @@ def command_line(options) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamapp.bench.join import JoinBenchOptions, run_join_bench
-    from streamapp.bench.join_report import markdown
+    from streamapp.tools.bench.join import JoinBenchOptions, run_join_bench
+    from streamapp.tools.bench.join_report import markdown
 
     width, height = args.size
     options = JoinBenchOptions(pairs=args.pairs, rates=args.rates, live_seconds=args.live_seconds,

@@ -36,15 +36,15 @@ from aiokafka import AIOKafkaConsumer
 
 from streamapp import wire
 from streamapp.agents.source import new_epoch
-from streamapp.bench import copy, join_report, kstreams
-from streamapp.bench.join_command import DEFAULT_RATES, SYSTEMS
-from streamapp.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
+from streamapp.tools.bench import copy, join_report, kstreams
+from streamapp.tools.bench.join_command import DEFAULT_RATES, SYSTEMS
+from streamapp.tools.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
                                    load_producer, pace, publish_order)
-from streamapp.bench.sampler import cpu_seconds_of, rss_of
-from streamapp.broker import KAFKA_VERSION, LocalBroker, check_java, free_port
+from streamapp.tools.bench.sampler import cpu_seconds_of, rss_of
+from streamapp.tools.localkafka.broker import KAFKA_VERSION, LocalBroker, check_java, free_port
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
-from streamapp.workers import Process, Worker, wait_until
+from streamapp.tools.workers import Process, Worker, wait_until
 
 SAMPLE_INTERVAL_S = 0.5
 READY_TIMEOUT_S = 120.0
@@ -191,7 +191,7 @@ class PlainCopy(System):
         return Topics(prefix, f"{prefix}frames", f"{prefix}detections", f"{prefix}copy")
 
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
-        argv = [sys.executable, "-m", "streamapp.bench.copy", self.settings.bootstrap_servers,
+        argv = [sys.executable, "-m", "streamapp.tools.bench.copy", self.settings.bootstrap_servers,
                 f"{topics.prefix}copy", topics.output, topics.frames, topics.results]
         return Running(Process("plain copy", argv, logs / "copy.log", copy.READY_MARKER))
 

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from streamapp.metrics import Metrics
+from streamapp.worker.metrics import Metrics
 from streamapp.wire import Joined
 
 PAGE = Path(__file__).with_name("preview.html")

@@ -21,10 +21,14 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from streamapp import assets, chaos, replay_commands
-from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
-from streamapp.bench import infer as infer_bench, join_command, soak_command
-from streamapp.broker import (CLUSTER_NODES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, LocalBroker,
+from streamapp import assets
+
+from streamapp.tools import chaos
+
+from streamapp.tools.replay import commands as replay_commands
+from streamapp.tools.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
+from streamapp.tools.bench import infer as infer_bench, join_command, soak_command
+from streamapp.tools.localkafka.broker import (CLUSTER_NODES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, LocalBroker,
                               LocalCluster, default_cluster_dir, default_data_dir, kafka_home)
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings, parse_stream_id
@@ -185,8 +189,8 @@ def configure_produce(parser: argparse.ArgumentParser) -> None:
 def run_produce(args: argparse.Namespace) -> int:
     from streamapp.agents.source import Pacer, new_epoch, synthetic_frames, video_file_frames
     from streamapp.groundtruth import GroundTruthWriter
-    from streamapp.progress import Progress
-    from streamapp.publisher import FramePublisher, interleave, paced
+    from streamapp.tools.progress import Progress
+    from streamapp.tools.publisher import FramePublisher, interleave, paced
 
     settings = Settings.from_env()
     epoch = new_epoch()
@@ -277,7 +281,7 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from streamapp.demo import DemoOptions, run_demo as demo
+    from streamapp.tools.demo import DemoOptions, run_demo as demo
 
     if args.synthetic and args.videos:
         raise UsageError("--synthetic and --video exclude each other", "give one of them")

@@ -30,13 +30,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streamapp import assets, wire
 from streamapp.agents.sink import VideoAssembler, frame_path, save_contact_sheet, video_segments
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames, video_file_frames
-from streamapp.broker import LocalBroker, default_data_dir, free_port, port_in_use
+from streamapp.tools.localkafka.broker import LocalBroker, default_data_dir, free_port, port_in_use
 from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox, match_boxes
-from streamapp.publisher import FramePublisher, interleave, paced
+from streamapp.tools.publisher import FramePublisher, interleave, paced
 from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
-from streamapp.workers import Worker, wait_until
+from streamapp.tools.workers import Worker, wait_until
 
 log = logging.getLogger(__name__)
 # A stream's frames, each with its true boxes (None for real footage).

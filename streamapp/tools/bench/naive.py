@@ -5,7 +5,7 @@ whose result never comes is kept for ever, and nothing bounds how much waits. It
 same topics as the real join (its own consumer group), emits the same joined records to its own
 topic, and writes its pending state to a JSON file once a second for the benchmark to sample.
 
-Run as ``python -m streamapp.bench.naive STATS_FILE`` with the ``STREAMAPP_*`` settings of the run.
+Run as ``python -m streamapp.tools.bench.naive STATS_FILE`` with the ``STREAMAPP_*`` settings of the run.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import faust
 from faust.exceptions import ProducerSendError
 from faust.types import EventT
 
-from streamapp.metrics import Metrics
+from streamapp.worker.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamapp.broker import LocalBroker
+from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.settings import Settings
 from streamapp.topics import changelog_name, topic_names
-from streamapp.workers import Worker
+from streamapp.tools.workers import Worker
 
 if TYPE_CHECKING:
-    from streamapp.bench.soak import NaiveJoin, Progress
+    from streamapp.tools.bench.soak import NaiveJoin, Progress
 
 
 def rss_of(pid: int) -> int:

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from streamapp.arguments import count_arg, fps_arg, resolution_arg, seconds_arg, size_arg
+from streamapp.tools.arguments import count_arg, fps_arg, resolution_arg, seconds_arg, size_arg
 
 SCENARIOS = ("steady", "stall", "slow-sink", "4k")
 
@@ -38,7 +38,7 @@ def configure(soak: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamapp.bench.soak import SoakOptions, run_soak
+    from streamapp.tools.bench.soak import SoakOptions, run_soak
 
     width, height = args.size
     scenarios = SCENARIOS if args.scenario == "all" else (args.scenario,)

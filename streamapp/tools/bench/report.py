@@ -8,11 +8,11 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamapp.bench.plot import line_chart
+from streamapp.tools.bench.plot import line_chart
 from streamapp.settings import Settings
 
 if TYPE_CHECKING:
-    from streamapp.bench.soak import Progress, SoakOptions
+    from streamapp.tools.bench.soak import Progress, SoakOptions
 
 MIB = 1024**2
 

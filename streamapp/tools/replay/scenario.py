@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamapp import replay
+from streamapp.tools.replay import transforms as replay
 from streamapp.settings import Settings
 
 

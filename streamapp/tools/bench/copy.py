@@ -2,7 +2,7 @@
 result records into one topic, tuned as a user would (large fetches, 1 MiB batches, 5 ms linger,
 a whole fetched batch in flight before awaiting its acknowledgements).
 
-Run as ``python -m streamapp.bench.copy BOOTSTRAP GROUP TARGET SOURCE...``; it prints ``ready``
+Run as ``python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...``; it prints ``ready``
 once its partitions are assigned, and copies until it is terminated.
 """
 
@@ -46,7 +46,7 @@ async def copy(bootstrap: str, group: str, target: str, sources: list[str]) -> N
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4:
-        print("usage: python -m streamapp.bench.copy BOOTSTRAP GROUP TARGET SOURCE...", file=sys.stderr)
+        print("usage: python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...", file=sys.stderr)
         return 2
     bootstrap, group, target, *sources = argv
     asyncio.run(copy(bootstrap, group, target, sources))

@@ -28,15 +28,15 @@ from aiokafka import AIOKafkaConsumer
 
 from streamapp import wire
 from streamapp.agents.source import new_epoch
-from streamapp.bench.naive import naive_topic
-from streamapp.bench.pairs import (FRAME, create_plain_topics, detections_for, encoded_frames,
+from streamapp.tools.bench.naive import naive_topic
+from streamapp.tools.bench.pairs import (FRAME, create_plain_topics, detections_for, encoded_frames,
                                    load_producer, pace, publish_order)
-from streamapp.bench.report import build_report, draw_charts
-from streamapp.bench.sampler import Sampler
-from streamapp.broker import LocalBroker, free_port
+from streamapp.tools.bench.report import build_report, draw_charts
+from streamapp.tools.bench.sampler import Sampler
+from streamapp.tools.localkafka.broker import LocalBroker, free_port
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
-from streamapp.workers import Worker, wait_until
+from streamapp.tools.workers import Worker, wait_until
 
 SIZE_4K = (3840, 2160)
 # A 4K JPEG is ~25x a 640x480 one: the 4k scenario sends a 50th of the pairs at a 25th of the rate.
@@ -146,13 +146,13 @@ async def _create_topics(settings: Settings, options: SoakOptions) -> None:
 
 
 class NaiveJoin:
-    """The baseline process (streamapp.bench.naive) and the stats file it writes."""
+    """The baseline process (streamapp.tools.bench.naive) and the stats file it writes."""
 
     def __init__(self, settings: Settings, out: Path) -> None:
         self.stats_file = out / "naive-stats.json"
         self._log = open(out / "logs" / "naive.log", "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "streamapp.bench.naive", str(self.stats_file)],
+            [sys.executable, "-m", "streamapp.tools.bench.naive", str(self.stats_file)],
             env={**os.environ, **settings.to_env()}, stdout=self._log, stderr=subprocess.STDOUT)
 
     def stats(self) -> dict:

@@ -26,7 +26,7 @@ from streamapp import wire
 from streamapp.agents.join import Joiner
 from streamapp.connect import start_client
 from streamapp.errors import StreamappError
-from streamapp.recording import Record, Recording
+from streamapp.tools.replay.format import Record, Recording
 from streamapp.settings import Settings
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.topics import max_record_bytes

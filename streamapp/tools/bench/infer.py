@@ -21,12 +21,12 @@ from streamapp import assets
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
 from streamapp.agents.source import new_epoch, video_file_frames
-from streamapp.arguments import count_arg
-from streamapp.broker import LocalBroker, free_port
-from streamapp.publisher import FramePublisher
+from streamapp.tools.arguments import count_arg
+from streamapp.tools.localkafka.broker import LocalBroker, free_port
+from streamapp.tools.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics
-from streamapp.workers import Worker, wait_until
+from streamapp.tools.workers import Worker, wait_until
 
 HELP = "YOLOv3-tiny per frame in process, and frames/s of infer workers through a backlog"
 DETECTOR_FRAMES = 60  # frames timed in process per input size

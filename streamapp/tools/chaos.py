@@ -42,15 +42,15 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
-from streamapp.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
-from streamapp.broker import (DEFAULT_PORT, LocalBroker, LocalCluster, count_under_replicated, default_cluster_dir,
+from streamapp.tools.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
+from streamapp.tools.localkafka.broker import (DEFAULT_PORT, LocalBroker, LocalCluster, count_under_replicated, default_cluster_dir,
                               free_port)
-from streamapp.demo import DemoOptions, ensure_broker
-from streamapp.publisher import FramePublisher, interleave, paced
+from streamapp.tools.demo import DemoOptions, ensure_broker
+from streamapp.tools.publisher import FramePublisher, interleave, paced
 from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.units import parse_duration
-from streamapp.workers import Worker
+from streamapp.tools.workers import Worker
 
 POLL_S = 0.25
 

@@ -8,8 +8,8 @@ import math
 import os
 from pathlib import Path
 
-from streamapp.bench.plot import bar_image, line_image, write_png
-from streamapp.bench.report import machine, percentile_summary
+from streamapp.tools.bench.plot import bar_image, line_image, write_png
+from streamapp.tools.bench.report import machine, percentile_summary
 
 # A rate is sustained when at least this fraction of its frames came out joined ...
 SUSTAINED_JOINED_FRACTION = 0.999

@@ -4,7 +4,7 @@ The broker is the real thing: ``kafka.Kafka`` from the Apache Kafka jars publish
 Central, in KRaft mode (each process is both broker and controller; no ZooKeeper). Nothing else
 has to be installed besides Java 17+ and, for the first run only, Maven:
 
-* :func:`ensure_jars` copies the jars listed in ``streamapp/kafka/pom.xml`` into
+* :func:`ensure_jars` copies the jars listed in ``streamapp/tools/localkafka/kafka/pom.xml`` into
   ``$STREAMAPP_KAFKA_HOME/libs`` (default ``~/.cache/streamapp/kafka-<version>/libs``) with
   ``mvn dependency:copy-dependencies``, once; a marker file written after a complete copy makes
   later runs reuse it.
@@ -149,7 +149,7 @@ def check_java(java: str | None = None) -> str:
 
 
 def _packaged(name: str) -> bytes:
-    return (resources.files("streamapp.kafka") / name).read_bytes()
+    return (resources.files("streamapp.tools.localkafka.kafka") / name).read_bytes()
 
 
 def ensure_jars(home: Path | str | None = None, *, notify: Notify | None = None) -> Path:
@@ -654,7 +654,7 @@ class LocalBroker:
         }
 
     def _write_properties(self, controller_port: int) -> None:
-        lines = ["# Written by streamapp.broker at every start; edits are overwritten."]
+        lines = ["# Written by streamapp.tools.localkafka.broker at every start; edits are overwritten."]
         lines += [f"{key}={value}" for key, value in self.properties(controller_port).items()]
         self.properties_file.write_text("\n".join(lines) + "\n")
 
