@@ -22,16 +22,19 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Iterable, Optional, Protocol
+from typing import TYPE_CHECKING, Iterable, Optional, Protocol
 
 from faust.types import TP
 
 from streamapp import wire
 from streamapp.jpeg import CorruptFrame, check_jpeg
-from streamapp.worker.metrics import JOIN_LATENCY_BOUNDS, Histogram
+from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
 from streamapp.wire import Detections, Frame, Joined
+
+if TYPE_CHECKING:
+    from streamapp.worker.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +185,7 @@ class InStep:
         return {"join_input_partitions_paused": len(self.paused), "join_input_pauses_total": self.pauses}
 
 
-def register(stage) -> None:
+def register(stage: Stage) -> None:
     """The Faust side: one agent over frames + detections taking batches, and the sweep timer."""
     from streamapp.batches import take_batches
     from streamapp.tables.disk import DiskGuard

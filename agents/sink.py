@@ -25,17 +25,19 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import cv2
 import numpy as np
 
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp import wire
-from streamapp.worker import preview
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of
-from streamapp.worker.preview import LatestFrames
+from streamapp.previewframes import LatestFrames
 from streamapp.wire import Box, FrameId, Joined
+
+if TYPE_CHECKING:
+    from streamapp.worker.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -505,7 +507,7 @@ SEGMENT_SECONDS = 60
 FPS = 15.0
 
 
-def register(stage) -> None:
+def register(stage: Stage) -> None:
     """Faust agent: ``joined`` -> annotated frame files and each stream run's video segments.
 
     Frames leave the join out of order (unmatched ones a TTL later), so a missing frame is waited
@@ -533,7 +535,7 @@ def register(stage) -> None:
                                       "sink_videos_active": videos.active,
                                       **retention.as_metrics(), **space.as_metrics("sink_")})
     latest = LatestFrames(settings.preview_bytes)
-    preview.register(stage, latest)
+    stage.serve_preview(latest)
     stage.metrics.declare("sink_records_in_total")
 
     def write_frame(joined: Joined) -> bytes | None:

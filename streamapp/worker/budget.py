@@ -28,6 +28,7 @@ from mode.utils.queues import ThrowableQueue
 
 from streamapp.settings import BACKPRESSURE, DROP_OLDEST, Settings
 from streamapp.topics import max_record_bytes
+from streamapp.units import event_bytes
 
 # Topic-partitions one stage can fetch from at once: its inputs plus the join's changelog.
 _FETCHED_TOPICS = 3
@@ -74,18 +75,8 @@ class MemoryPlan:
         return {f"budget_{name}": value for name, value in dataclasses.asdict(self).items()}
 
 
-def event_bytes(item: Any) -> int:
-    """Key plus value bytes of a buffered event or outgoing message (anything else counts nothing)."""
-    message = getattr(item, "message", None)
-    return _length(getattr(message, "key", None)) + _length(getattr(message, "value", None))
-
-
 def _generation_of(item: Any) -> Any:
     return getattr(getattr(item, "message", None), "generation_id", None)
-
-
-def _length(data: Any) -> int:
-    return len(data) if isinstance(data, (bytes, bytearray, memoryview, str)) else 0
 
 
 class SendBufferBytes(asyncio.Queue):

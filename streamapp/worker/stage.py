@@ -13,8 +13,10 @@ from typing import Any, Callable, TypeVar
 
 import faust
 
+from streamapp.previewframes import LatestFrames
 from streamapp.settings import Settings
 from streamapp.tables.memory import RocksMemory
+from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import Metrics
 
@@ -49,3 +51,7 @@ class Stage:
 
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
+
+    def serve_preview(self, frames: LatestFrames) -> None:
+        """Serve the preview pages of ``frames`` from this worker's web port."""
+        preview.register(self, frames)

@@ -24,7 +24,7 @@ from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import new_epoch, synthetic_frames
 from streamapp.tools.localkafka.broker import free_port
-from streamapp.worker.metrics import sample_name
+from streamapp.samples import sample_name
 from streamapp.tools.publisher import FramePublisher, interleave
 from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics, topic_names

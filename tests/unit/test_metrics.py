@@ -14,8 +14,8 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
-from streamapp.worker.metrics import (HELP, STANDARD_FAMILIES, Histogram, Metrics, consumer_gauges, faust_monitor,
-                               family_of, parse_sample, peak_rss_bytes, sample_name)
+from streamapp.samples import Histogram, family_of, parse_sample, sample_name
+from streamapp.worker.metrics import HELP, STANDARD_FAMILIES, Metrics, consumer_gauges, faust_monitor, peak_rss_bytes
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
 
 def parse(text: str) -> dict:

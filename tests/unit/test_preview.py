@@ -1,6 +1,7 @@
 """The preview's frame store: newest frame per stream, bounded in bytes, evictions counted."""
 
-from streamapp.worker.preview import LatestFrames, main_counters
+from streamapp.previewframes import LatestFrames
+from streamapp.worker.preview import main_counters
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 

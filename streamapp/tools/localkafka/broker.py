@@ -27,7 +27,6 @@ import base64
 import concurrent.futures
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import logging
 import os
@@ -41,10 +40,11 @@ import time
 import uuid
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 from streamapp.connect import quiet_logger
 from streamapp.errors import ExitCode, StreamappError
+from streamapp.filelock import file_lock
 
 KAFKA_VERSION = "4.1.1"
 MIN_JAVA = 17
@@ -219,16 +219,6 @@ def _jars_complete(libs: Path, digest: str) -> bool:
         return (libs / ".complete").read_text().strip() == digest
     except OSError:
         return False
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # --------------------------------------------------------------------------------------------

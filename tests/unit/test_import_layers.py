@@ -1,0 +1,43 @@
+"""The import contracts of pyproject.toml ([tool.importlinter]) hold: tools -> worker -> agents ->
+tables -> vocabulary, and the vocabulary imports nothing above it.
+
+``agents/`` and ``tables/`` install as streamapp.agents and streamapp.tables from folders outside
+``streamapp/``, and import-linter reads a package from its folder, so the check runs on a copy
+laid out as installed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def installed_layout(into: Path) -> Path:
+    package = into / "streamapp"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "streamapp", package, ignore=ignore)
+    for folder in ("agents", "tables"):
+        shutil.copytree(REPO / folder, package / folder, ignore=ignore)
+    return into
+
+
+def test_imports_follow_the_layers(tmp_path):
+    root = installed_layout(tmp_path)
+    finished = subprocess.run([str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml")], cwd=root,
+                              env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "0 broken" in finished.stdout
+
+
+def test_every_vocabulary_module_is_under_contract():
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    vocabulary, = (contract for contract in config["contracts"] if contract["type"] == "forbidden")
+    root_modules = {f"streamapp.{path.stem}" for path in (REPO / "streamapp").glob("*.py")
+                    if path.stem not in ("__init__", "app")}
+    assert set(vocabulary["source_modules"]) == root_modules
