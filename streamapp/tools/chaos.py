@@ -43,8 +43,10 @@ from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
 from streamapp.tools.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
-from streamapp.tools.localkafka.broker import (DEFAULT_PORT, LocalBroker, LocalCluster, count_under_replicated, default_cluster_dir,
-                              free_port)
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.cluster import LocalCluster, count_under_replicated, default_cluster_dir
+from streamapp.tools.localkafka.common import DEFAULT_PORT
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.demo import DemoOptions, ensure_broker
 from streamapp.tools.publisher import FramePublisher, interleave, paced
 from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings

@@ -28,8 +28,10 @@ from streamapp.tools import chaos
 from streamapp.tools.replay import commands as replay_commands
 from streamapp.tools.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.tools.bench import infer as infer_bench, join_command, soak_command
-from streamapp.tools.localkafka.broker import (CLUSTER_NODES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, LocalBroker,
-                              LocalCluster, default_cluster_dir, default_data_dir, kafka_home)
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.cluster import CLUSTER_NODES, LocalCluster, default_cluster_dir
+from streamapp.tools.localkafka.common import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION
+from streamapp.tools.localkafka.locations import default_data_dir, kafka_home
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings, parse_stream_id
 from streamapp.units import format_bytes

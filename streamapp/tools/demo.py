@@ -30,7 +30,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streamapp import assets, wire
 from streamapp.agents.sink import VideoAssembler, frame_path, save_contact_sheet, video_segments
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames, video_file_frames
-from streamapp.tools.localkafka.broker import LocalBroker, default_data_dir, free_port, port_in_use
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.locations import default_data_dir
+from streamapp.tools.localkafka.processes import free_port, port_in_use
 from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox, match_boxes
 from streamapp.tools.publisher import FramePublisher, interleave, paced

@@ -21,7 +21,7 @@ from streamapp import wire
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
 from streamapp.agents.source import new_epoch, video_file_frames
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher
 from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.samples import sample_name
 from streamapp.tools.publisher import FramePublisher, interleave
 from streamapp.settings import STAGES, Settings

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import synthetic_frames
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.chaos import read_topic, wait_for
 from streamapp.imaging import encode_jpeg
 from streamapp.tools.publisher import FramePublisher

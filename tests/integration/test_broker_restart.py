@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from streamapp.agents.sink import frame_path
-from streamapp.tools.localkafka.broker import LocalBroker, free_port
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.chaos import read_joined, wait_for
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics

@@ -9,7 +9,8 @@ The cluster is the module's own (never the session's broker); the faults come fr
 
 import pytest
 
-from streamapp.tools.localkafka.broker import LocalCluster, free_port_block
+from streamapp.tools.localkafka.cluster import LocalCluster
+from streamapp.tools.localkafka.processes import free_port_block
 from streamapp.tools.chaos import ChaosOptions, run_chaos
 from streamapp.settings import Settings
 

@@ -12,7 +12,7 @@ import pytest
 
 from streamapp.tools.bench import kstreams
 from streamapp.tools.bench.join import JoinBenchOptions, run_join_bench
-from streamapp.tools.localkafka.broker import BrokerError
+from streamapp.tools.localkafka.common import BrokerError
 
 PAIRS = 300
 RATE = 100.0

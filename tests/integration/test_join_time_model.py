@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.chaos import read_joined
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp import wire
 from streamapp.agents.sink import label_colour
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.imaging import encode_jpeg
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, topic_names

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaProducer
 from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.chaos import processed, read_joined, wait_for
 from streamapp.tools.publisher import FramePublisher
 from streamapp.settings import Settings

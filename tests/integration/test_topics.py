@@ -11,7 +11,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.settings import Settings
 from streamapp.topics import TopicError, check_copartitioned, disk_plan, ensure_topics, topic_names
 

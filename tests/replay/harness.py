@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from streamapp import wire
 
 from streamapp.tools.replay import transforms as replay
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.replay.format import Record
 from streamapp.tools.replay.scenario import ReplayPlan, Scenario
 from streamapp.settings import Settings

@@ -22,7 +22,7 @@ from harness import (COUNTERS, SCENARIOS, SLACK_S, JoinedReader, Outcome, Sample
                      wait_until)
 from streamapp.tools.replay import transforms as replay
 from streamapp.agents.sink import frame_path
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.replay.scenario import Scenario
 from streamapp.settings import Settings
 from streamapp.topics import topic_names

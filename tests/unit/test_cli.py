@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.cli import COMMANDS, build_parser, main
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamapp.tools.localkafka.broker import free_port
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.errors import ExitCode, StreamappError
 
 

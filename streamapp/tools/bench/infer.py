@@ -22,7 +22,8 @@ from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
 from streamapp.agents.source import new_epoch, video_file_frames
 from streamapp.tools.arguments import count_arg
-from streamapp.tools.localkafka.broker import LocalBroker, free_port
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics

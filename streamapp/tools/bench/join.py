@@ -41,7 +41,10 @@ from streamapp.tools.bench.join_command import DEFAULT_RATES, SYSTEMS
 from streamapp.tools.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
                                    load_producer, pace, publish_order)
 from streamapp.tools.bench.sampler import cpu_seconds_of, rss_of
-from streamapp.tools.localkafka.broker import KAFKA_VERSION, LocalBroker, check_java, free_port
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.common import KAFKA_VERSION
+from streamapp.tools.localkafka.jars import check_java
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.tools.workers import Process, Worker, wait_until

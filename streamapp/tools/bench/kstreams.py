@@ -15,7 +15,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from streamapp.tools.localkafka.broker import BrokerError, Notify, check_java, copy_maven_dependencies
+from streamapp.tools.localkafka.common import BrokerError, Notify
+from streamapp.tools.localkafka.jars import check_java, copy_maven_dependencies
 
 KAFKA_STREAMS_VERSION = "4.4.0"
 SOURCE_DIR = Path(__file__).with_name("kstreams")

@@ -33,7 +33,8 @@ from streamapp.tools.bench.pairs import (FRAME, create_plain_topics, detections_
                                    load_producer, pace, publish_order)
 from streamapp.tools.bench.report import build_report, draw_charts
 from streamapp.tools.bench.sampler import Sampler
-from streamapp.tools.localkafka.broker import LocalBroker, free_port
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.tools.workers import Worker, wait_until

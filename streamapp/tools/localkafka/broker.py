@@ -1,357 +1,27 @@
-"""A local Apache Kafka broker, or a three-node cluster, for development, tests and CI.
-
-The broker is the real thing: ``kafka.Kafka`` from the Apache Kafka jars published on Maven
-Central, in KRaft mode (each process is both broker and controller; no ZooKeeper). Nothing else
-has to be installed besides Java 17+ and, for the first run only, Maven:
-
-* :func:`ensure_jars` copies the jars listed in ``streamapp/tools/localkafka/kafka/pom.xml`` into
-  ``$STREAMAPP_KAFKA_HOME/libs`` (default ``~/.cache/streamapp/kafka-<version>/libs``) with
-  ``mvn dependency:copy-dependencies``, once; a marker file written after a complete copy makes
-  later runs reuse it.
-* :class:`LocalBroker` keeps everything of one broker in its data directory: ``server.properties``,
-  ``broker.pid``, ``broker.log`` (the broker's stdout/stderr; the previous run's is kept as
-  ``broker.log.1``), ``cluster.id`` and the Kafka log directory ``logs/``.
-
-``LocalBroker(data_dir, port).start()`` returns once the broker answers a metadata request;
-``stop()`` sends SIGTERM and waits, killing the broker only when it does not exit in time.
-:class:`LocalCluster` runs three such nodes from one directory (``node-1`` ... ``node-3``) as one
-KRaft quorum, every topic replicated on all three and ``min.insync.replicas`` 2, so one node can
-be killed without stopping or losing anything.
-Every expected failure raises :class:`BrokerError` with a message that says what to do.
-"""
-
+"""One local broker: :class:`LocalBroker` runs ``kafka.Kafka`` in KRaft mode from its data directory."""
 from __future__ import annotations
 
-import asyncio
-import base64
-import concurrent.futures
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
-import uuid
-from importlib import resources
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 from streamapp.connect import quiet_logger
-from streamapp.errors import ExitCode, StreamappError
-from streamapp.filelock import file_lock
-
-KAFKA_VERSION = "4.1.1"
-MIN_JAVA = 17
-DEFAULT_PORT = 9092
-# The pipeline's frames go up to 16 MiB (STREAMAPP_MAX_FRAME_BYTES); a record batch carries
-# some framing on top, hence the headroom.
-DEFAULT_MAX_MESSAGE_BYTES = 17 * 1024**2
-NODE_ID = 1
-
+from streamapp.tools.localkafka.common import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, NODE_ID, BrokerError, Notify,
+                                               PortInUse)
+from streamapp.tools.localkafka.jars import check_java, ensure_jars, packaged
+from streamapp.tools.localkafka.processes import (answers_metadata, cmdline_of, free_port, last_error_line,
+                                                  new_cluster_id, pid_alive, port_in_use, read_properties, run_async)
 log = logging.getLogger(__name__)
-Notify = Callable[[str], None]
 
 
-class BrokerError(StreamappError, RuntimeError):
-    """The local broker cannot be installed, started, stopped or inspected; the message says why."""
-
-
-class JavaNotFound(BrokerError):
-    """No Java, or one too old, to run the broker."""
-
-    exit_code = ExitCode.NO_JAVA
-
-
-class MavenNotFound(BrokerError):
-    """The Kafka jars are not cached and Maven is not there to fetch them."""
-
-    exit_code = ExitCode.NO_MAVEN
-
-
-class PortInUse(BrokerError):
-    """A port the broker must listen on is taken."""
-
-    exit_code = ExitCode.PORT_BUSY
-
-
-# --------------------------------------------------------------------------------------------
-# Locations
-
-
-def kafka_home() -> Path:
-    """Where the Kafka jars are cached: ``$STREAMAPP_KAFKA_HOME`` or the user's cache directory."""
-    if os.environ.get("STREAMAPP_KAFKA_HOME"):
-        return Path(os.environ["STREAMAPP_KAFKA_HOME"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "streamapp" / f"kafka-{KAFKA_VERSION}"
-
-
-def default_data_dir(port: int = DEFAULT_PORT) -> Path:
-    """Data directory of ``streamapp broker`` when none is given: one per port, per user."""
-    state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(state) / "streamapp" / f"broker-{port}"
-
-
-# --------------------------------------------------------------------------------------------
-# Java and the jars
-
-
-def parse_java_version(text: str) -> int:
-    """The major version in ``java -version`` output: ``"17.0.15" -> 17``, ``"1.8.0_292" -> 8``."""
-    match = re.search(r'version "([^"]+)"', text)
-    if not match:
-        first = text.strip().splitlines()[0] if text.strip() else ""
-        raise BrokerError(f"cannot read the Java version from `java -version`, which printed {first!r}")
-    parts = re.split(r"[._+-]", match.group(1))
-    try:
-        major = int(parts[0])
-        if major == 1 and len(parts) > 1:
-            major = int(parts[1])
-    except ValueError:
-        raise BrokerError(f"cannot read the Java version {match.group(1)!r} printed by `java -version`") from None
-    return major
-
-
-def find_java() -> str:
-    """``$JAVA_HOME/bin/java`` when it exists, else ``java`` on the PATH."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and os.access(Path(java_home) / "bin" / "java", os.X_OK):
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise JavaNotFound(
-            f"Java not found: the Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA}+",
-            f"install a JDK {MIN_JAVA} or newer and put `java` on the PATH, or set JAVA_HOME"
-        )
-    return found
-
-
-def check_java(java: str | None = None) -> str:
-    """Return the ``java`` to run, after making sure it is Java 17 or newer."""
-    java = java or find_java()
-    try:
-        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-    except OSError as exc:
-        raise BrokerError(f"cannot run {java}: {exc}") from None
-    major = parse_java_version(proc.stderr + proc.stdout)
-    if major < MIN_JAVA:
-        raise JavaNotFound(
-            f"{java} is Java {major}; the Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA}+",
-            f"install a JDK {MIN_JAVA} or newer, or point JAVA_HOME at one"
-        )
-    return java
-
-
-def _packaged(name: str) -> bytes:
-    return (resources.files("streamapp.tools.localkafka.kafka") / name).read_bytes()
-
-
-def ensure_jars(home: Path | str | None = None, *, notify: Notify | None = None) -> Path:
-    """Return the directory of Kafka jars, fetching them with Maven on first use."""
-    home = Path(home) if home is not None else kafka_home()
-    return copy_maven_dependencies(
-        _packaged("pom.xml"), home, what=f"the Apache Kafka {KAFKA_VERSION} jars",
-        expected_jar=f"kafka_2.13-{KAFKA_VERSION}.jar",
-        cache_hint="set STREAMAPP_KAFKA_HOME to a directory whose libs/ already holds them",
-        notify=notify)
-
-
-def copy_maven_dependencies(pom: bytes, home: Path, *, what: str, expected_jar: str, cache_hint: str,
-                            notify: Notify | None = None) -> Path:
-    """Return ``home/libs`` holding the runtime dependencies of ``pom``, copied by Maven once.
-
-    The copy is made in a scratch directory and moved into place with a marker file holding the
-    pom's hash, so an interrupted copy is never used and a changed pom fetches again. A file
-    lock keeps concurrent first runs from fetching twice.
-    """
-    notify = notify or log.info
-    libs = home / "libs"
-    digest = hashlib.sha256(pom).hexdigest()[:16]
-    if _jars_complete(libs, digest):
-        return libs
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BrokerError(f"cannot create the jar cache {home}: {exc} ({cache_hint})") from None
-    with file_lock(home / ".lock"):
-        if _jars_complete(libs, digest):
-            return libs
-        mvn = shutil.which("mvn")
-        if not mvn:
-            raise MavenNotFound(
-                f"{what} are not in {libs} and Maven (`mvn`) is not installed to fetch them from "
-                f"Maven Central", f"install Maven (needed once), or {cache_hint}"
-            )
-        notify(f"fetching {what} from Maven Central into {libs} (first run only)")
-        work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
-        try:
-            (work / "pom.xml").write_bytes(pom)
-            fetched = work / "libs"
-            proc = subprocess.run(
-                [mvn, "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-                 f"-DoutputDirectory={fetched}", "-DincludeScope=runtime"],
-                capture_output=True, text=True, cwd=work,
-            )
-            if proc.returncode != 0 or not list(fetched.glob(expected_jar)):
-                log_file = home / "maven.log"
-                log_file.write_text(proc.stdout + proc.stderr)
-                raise BrokerError(
-                    f"Maven could not fetch {what} (exit code {proc.returncode})",
-                    f"check the network access to Maven Central; Maven's output is in {log_file}"
-                )
-            (fetched / ".complete").write_text(digest + "\n")
-            if libs.exists():
-                shutil.rmtree(libs)
-            os.replace(fetched, libs)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return libs
-
-
-def _jars_complete(libs: Path, digest: str) -> bool:
-    try:
-        return (libs / ".complete").read_text().strip() == digest
-    except OSError:
-        return False
-
-
-# --------------------------------------------------------------------------------------------
-# Ports and processes
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True when something listens on (or holds) ``host:port``, so a broker could not bind it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As the JVM does: a port left in TIME_WAIT by a stopped broker counts as free.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def ephemeral_ports() -> range:
-    """The ports this system hands to outgoing connections (Linux: ip_local_port_range)."""
-    try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999  # Linux's default
-    return range(low, high + 1)
-
-
-def free_port_block(count: int, start: int = 20000) -> int:
-    """A first port such that it and the ``count - 1`` after it are free, below the ephemeral
-    range (see :class:`LocalCluster` for why)."""
-    stop = ephemeral_ports().start - count
-    for first in range(start, stop, count):
-        if not any(port_in_use(port) for port in range(first, first + count)):
-            return first
-    raise BrokerError(f"no {count} consecutive free ports between {start} and {stop + count}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited, it only waits for its parent to notice
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _cmdline(pid: int) -> str | None:
-    """The command line of ``pid``, or None when it cannot be read on this system."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except FileNotFoundError:
-        if Path("/proc/self").exists():
-            return ""
-    except OSError:
-        return None
-    try:
-        proc = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
-    except OSError:
-        return None
-    return proc.stdout if proc.returncode == 0 else ""
-
-
-def _read_properties(path: Path) -> dict[str, str]:
-    values = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith(("#", "!")) and "=" in line:
-            key, value = line.split("=", 1)
-            values[key.strip()] = value.strip()
-    return values
-
-
-# A line of the broker's log that says why it stopped; its exceptions name the setting or file.
-_ERROR_LINE = re.compile(r"\b(ERROR|FATAL)\b|Exception:")
-
-
-def last_error_line(log_file: Path, max_chars: int = 400) -> str | None:
-    """The broker's last error in its log, for a one-line message (the log has the rest)."""
-    try:
-        lines = log_file.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
-    return errors[-1][:max_chars] if errors else None
-
-
-def new_cluster_id() -> str:
-    """A Kafka cluster id (what ``kafka-storage random-uuid`` prints), without starting a JVM."""
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not text.startswith("-"):  # Kafka avoids ids that look like command-line options
-            return text
-
-
-def _run_async(factory):
-    """Run ``factory()``'s coroutine to completion, also when called from inside an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(factory())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(factory())).result()
-
-
-async def _answers_metadata(bootstrap: str, node_id: int, timeout_s: float) -> bool:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
-    try:
-        await admin.start()
-        cluster = await admin.describe_cluster()
-        return any(broker["node_id"] == node_id for broker in cluster["brokers"])
-    except Exception:  # noqa: BLE001 - any failure only means "not ready yet"
-        return False
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
-
-
-# --------------------------------------------------------------------------------------------
-# The broker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,7 +214,7 @@ class LocalBroker:
             self.pid_file.unlink(missing_ok=True)
             self.notify(f"removed the stale pid file {self.pid_file}: pid {pid} is not running")
             return None
-        cmdline = _cmdline(pid)
+        cmdline = cmdline_of(pid)
         if cmdline is not None and not ("kafka.Kafka" in cmdline and str(self.properties_file) in cmdline):
             self.pid_file.unlink(missing_ok=True)
             self.notify(f"removed the stale pid file {self.pid_file}: pid {pid} is another process, "
@@ -555,11 +225,11 @@ class LocalBroker:
     def _alive(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
             return self._proc.poll() is None
-        return _pid_alive(pid)
+        return pid_alive(pid)
 
     def _recorded_port(self) -> int | None:
         try:
-            listeners = _read_properties(self.properties_file).get("advertised.listeners", "")
+            listeners = read_properties(self.properties_file).get("advertised.listeners", "")
         except OSError:
             return None
         match = re.search(r"PLAINTEXT://[^,:]*:(\d+)", listeners)
@@ -571,7 +241,7 @@ class LocalBroker:
         recorded = self.cluster_id_file.read_text().strip() if self.cluster_id_file.exists() else None
         if not meta_file.exists():
             return recorded
-        meta = _read_properties(meta_file)
+        meta = read_properties(meta_file)
         formatted = meta.get("cluster.id")
         if recorded and formatted != recorded:
             raise BrokerError(
@@ -596,7 +266,7 @@ class LocalBroker:
             return self.controller_port
         previous = None
         if self.properties_file.exists():
-            voters = _read_properties(self.properties_file).get("controller.quorum.voters", "")
+            voters = read_properties(self.properties_file).get("controller.quorum.voters", "")
             match = re.search(r":(\d+)$", voters)
             previous = int(match.group(1)) if match else None
         for candidate in (previous, self.port + 1):
@@ -650,7 +320,7 @@ class LocalBroker:
 
     def _java_classpath_args(self, libs: Path) -> list[str]:
         log4j = self.data_dir / "log4j2.yaml"
-        log4j.write_bytes(_packaged("log4j2.yaml"))
+        log4j.write_bytes(packaged("log4j2.yaml"))
         return ["-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={log4j}"]
 
     def _format(self, java: str, libs: Path, cluster_id: str) -> None:
@@ -679,7 +349,7 @@ class LocalBroker:
                 self._fail(f"the broker did not answer on {self.bootstrap} within {timeout:g}s")
             if self._accepts_connections():
                 with quiet_logger("aiokafka"):
-                    if _run_async(lambda: _answers_metadata(self.bootstrap, self.node_id,
+                    if run_async(lambda: answers_metadata(self.bootstrap, self.node_id,
                                                             min(5.0, max(remaining, 0.5)))):
                         return
             time.sleep(0.2)
@@ -713,139 +383,3 @@ class LocalBroker:
                 return False
             time.sleep(0.1)
         return True
-
-
-# --------------------------------------------------------------------------------------------
-# A cluster of local brokers
-
-CLUSTER_NODES = 3
-
-
-def default_cluster_dir(port: int = DEFAULT_PORT) -> Path:
-    """Data directory of ``streamapp broker --nodes 3`` when none is given: one per first port."""
-    return default_data_dir(port).with_name(f"cluster-{port}")
-
-
-class LocalCluster:
-    """Three KRaft nodes on 127.0.0.1 sharing one cluster id, each in ``data_dir/node-N``.
-
-    Node N (1-based) listens for clients on ``port + N - 1`` and for the quorum on
-    ``port + nodes + N - 1``, so the ports follow from the first one: 9092-9094 for clients and
-    9095-9097 for the controllers by default. Topics get three copies and
-    ``min.insync.replicas`` 2.
-
-    The ports must lie outside the system's ephemeral range: while a node is down, another
-    node's connection attempt to its port can be given that very port as its own local port and
-    connect to itself (TCP simultaneous open), which kills the connecting node's quorum client
-    and keeps the restarted node from binding.
-    """
-
-    def __init__(self, data_dir: Path | str, port: int = DEFAULT_PORT, *, nodes: int = CLUSTER_NODES,
-                 notify: Notify | None = None, **broker_options) -> None:
-        if nodes < 2:
-            raise BrokerError(f"a cluster needs at least 2 nodes, got {nodes}")
-        ports = range(port, port + 2 * nodes)
-        if ports.stop > 65536:
-            raise BrokerError(f"port {port}: a {nodes}-node cluster needs ports {port}-{ports.stop - 1}")
-        ephemeral = ephemeral_ports()
-        if ports.start < ephemeral.stop and ephemeral.start < ports.stop:
-            raise BrokerError(
-                f"ports {port}-{ports.stop - 1} overlap the ephemeral range {ephemeral.start}-{ephemeral.stop - 1} "
-                f"that outgoing connections take their ports from, so a restarted node could find its port "
-                f"taken; choose a --port below {ephemeral.start - 2 * nodes + 1} (default {DEFAULT_PORT})")
-        self.data_dir = Path(data_dir).expanduser().resolve()
-        self.port = port
-        controller_ports = [port + nodes + number for number in range(nodes)]
-        voters = ",".join(f"{number + 1}@127.0.0.1:{controller}" for number, controller in enumerate(controller_ports))
-        self.nodes = [
-            LocalBroker(self.data_dir / f"node-{number + 1}", port + number, controller_port=controller,
-                        node_id=number + 1, voters=voters, replication=min(3, nodes), notify=notify,
-                        **broker_options)
-            for number, controller in enumerate(controller_ports)
-        ]
-
-    @property
-    def bootstrap(self) -> str:
-        return ",".join(node.bootstrap for node in self.nodes)
-
-    @property
-    def replication(self) -> int:
-        return self.nodes[0].replication
-
-    @property
-    def cluster_id_file(self) -> Path:
-        return self.data_dir / "cluster.id"
-
-    def __enter__(self) -> "LocalCluster":
-        return self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
-
-    def status(self) -> list[BrokerStatus]:
-        return [node.status() for node in self.nodes]
-
-    def running(self) -> bool:
-        return all(status.running for status in self.status())
-
-    def start(self, timeout: float = 120.0) -> "LocalCluster":
-        """Start every node that is not running, and return once each answers."""
-        deadline = time.monotonic() + timeout
-        self._share_cluster_id()
-        launched = []
-        try:
-            for node in self.nodes:
-                if node.status().running:
-                    continue
-                node.launch()
-                launched.append(node)
-            for node in launched:
-                node.wait_ready(deadline, timeout)
-        except BrokerError:
-            for node in launched:
-                node.stop()
-            raise
-        return self
-
-    def stop(self, timeout: float = 30.0) -> list[str]:
-        """Stop every node (SIGTERM to all, so no node waits on a quorum that is leaving)."""
-        pids = [(node, node._running_pid()) for node in self.nodes]
-        for node, pid in pids:
-            if pid is not None:
-                node._signal(pid, signal.SIGTERM)
-        # A node that exited before its own stop() looked is "stopped" too.
-        return [node.stop(timeout).replace("not running", "stopped") if pid is not None else "not running"
-                for node, pid in pids]
-
-    def _share_cluster_id(self) -> None:
-        """Every node is formatted with the cluster's one id (kept in ``data_dir/cluster.id``)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not self.cluster_id_file.exists():
-            self.cluster_id_file.write_text(new_cluster_id() + "\n")
-        cluster_id = self.cluster_id_file.read_text().strip()
-        for node in self.nodes:
-            node.data_dir.mkdir(parents=True, exist_ok=True)
-            if not node.cluster_id_file.exists():
-                node.cluster_id_file.write_text(cluster_id + "\n")
-
-    def under_replicated_partitions(self, timeout_s: float = 10.0) -> int:
-        """:func:`count_under_replicated` on this cluster (0: every copy caught up)."""
-        return _run_async(lambda: count_under_replicated(self.bootstrap, timeout_s))
-
-
-async def count_under_replicated(bootstrap: str, timeout_s: float = 10.0) -> int:
-    """Partitions of every topic on the cluster at ``bootstrap`` with fewer in-sync copies than
-    replicas; -1 when the cluster cannot be asked."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
-    try:
-        await admin.start()
-        described = await admin.describe_topics(await admin.list_topics())
-        return sum(len(partition["isr"]) < len(partition["replicas"])
-                   for topic in described for partition in topic["partitions"])
-    except Exception:  # noqa: BLE001 - a node down or a leader moving: ask again later
-        return -1
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
