@@ -9,11 +9,14 @@ import json
 import time
 from pathlib import Path
 
-from streamapp.tools.replay import transforms as replay
+from streamapp.tools.replay.predict import predict
+from streamapp.tools.replay.publish import publish
+from streamapp.tools.replay.transforms import SPEC_HELP
 from streamapp.tools.arguments import count_arg, fps_arg, resolution_arg
 from streamapp.errors import UsageError
 from streamapp.tools.replay.scenario import ReplayPlan, Scenario
-from streamapp.tools.replay.format import RecordingWriter, RecordLimits, record_topics, synthetic_records
+from streamapp.tools.replay.capture import RecordLimits, record_topics, synthetic_records
+from streamapp.tools.replay.format import RecordingWriter
 from streamapp.settings import Settings, parse_stream_id
 from streamapp.topics import topic_names
 from streamapp.units import UnitError, parse_duration
@@ -135,7 +138,7 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Publish one or more recordings (several are interleaved by time) to their topics or "
         "renamed ones, keeping keys, headers and partitions, at the recorded pace x --speed. "
-        "Transforms (applied in order, seeded):\n" + replay.SPEC_HELP)
+        "Transforms (applied in order, seeded):\n" + SPEC_HELP)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("recordings", nargs="*", type=Path, metavar="RECORDING")
     parser.add_argument("--scenario", type=Path,
@@ -156,8 +159,8 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
 def run_replay(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     plan = plan_from_args(args, settings)
-    sent = asyncio.run(replay.publish(plan.records(), settings, plan.target, speed=plan.speed))
-    expected = replay.predict(plan.records(), settings, speed=plan.speed)
+    sent = asyncio.run(publish(plan.records(), settings, plan.target, speed=plan.speed))
+    expected = predict(plan.records(), settings, speed=plan.speed)
     print(f"published {sent} records")
     if expected.counts["frames_in"] or expected.counts["results_in"]:
         print("the join should count: " + json.dumps(expected.counts))

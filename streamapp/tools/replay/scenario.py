@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamapp.tools.replay import transforms as replay
+from streamapp.tools.replay.publish import ReplayTarget, epoch_offset_to_now, open_recordings
+from streamapp.tools.replay.transforms import ReplayError, ShiftEpochs, apply, parse_transform
 from streamapp.settings import Settings
 
 
@@ -16,21 +17,21 @@ class ReplayPlan:
                  settings: Settings, rename: dict[str, str] | None = None, by_key: bool = False,
                  fresh_epochs: bool = False) -> None:
         if not recordings:
-            raise replay.ReplayError("no recording given (pass one or more files, or --scenario)")
+            raise ReplayError("no recording given (pass one or more files, or --scenario)")
         self.recordings, self.speed = recordings, speed
-        records, partitions = replay.open_recordings(recordings)
-        self.target = replay.ReplayTarget(rename or {}, partitions, by_key)
-        self.transforms = [replay.parse_transform(spec, seed=seed, position=position,
+        records, partitions = open_recordings(recordings)
+        self.target = ReplayTarget(rename or {}, partitions, by_key)
+        self.transforms = [parse_transform(spec, seed=seed, position=position,
                                                   bucket_size=settings.bucket_size)
                            for position, spec in enumerate(specs)]
         if fresh_epochs:
-            offset = replay.epoch_offset_to_now(records)
-            self.transforms.insert(0, replay.ShiftEpochs(offset, settings.bucket_size))
+            offset = epoch_offset_to_now(records)
+            self.transforms.insert(0, ShiftEpochs(offset, settings.bucket_size))
 
     def records(self):
         """The transformed records; a new pass each call (transforms restart from their seed)."""
-        records, _ = replay.open_recordings(self.recordings)
-        return replay.apply(records, self.transforms)
+        records, _ = open_recordings(self.recordings)
+        return apply(records, self.transforms)
 
 
 class Scenario:
@@ -50,16 +51,16 @@ class Scenario:
             self.env = {str(name): str(value) for name, value in data.get("env", {}).items()}
             self.expect = {str(key): int(value) for key, value in data.get("expect", {}).items()}
         except (KeyError, TypeError, ValueError) as exc:
-            raise replay.ReplayError(f"{path}: not a scenario file: {exc!r}") from None
+            raise ReplayError(f"{path}: not a scenario file: {exc!r}") from None
 
     @classmethod
     def load(cls, path: Path) -> "Scenario":
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
-            raise replay.ReplayError(f"{path}: cannot read the scenario: {exc}") from None
+            raise ReplayError(f"{path}: cannot read the scenario: {exc}") from None
         if not isinstance(data, dict):
-            raise replay.ReplayError(f"{path}: a scenario is a JSON object")
+            raise ReplayError(f"{path}: a scenario is a JSON object")
         return cls(Path(path), data)
 
     def settings(self, base: Settings) -> Settings:

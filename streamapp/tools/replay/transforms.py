@@ -1,35 +1,26 @@
-"""Replay: publish recordings to topics, paced, optionally through seeded scenario transforms.
+"""Scenario transforms: what a replay does to a recording's records before it publishes them.
 
 A transform is a pure function from a record stream to a record stream (no Kafka, no clock), so
 every scenario is reproducible from its recording, its transform specs and its seed, and the
-outcome the join must produce can be predicted exactly (:func:`predict`). Transforms act on
+outcome the join must produce can be predicted exactly (streamapp.tools.replay.predict). Transforms act on
 streamapp records by their wire kind (frames ``F``, results ``D``); other records pass untouched.
 Times are the records' timestamps in ms; the replayer spaces records by them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import heapq
 import itertools
 import random
 import re
-import time
 from typing import Callable, Iterable, Iterator, Optional
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import murmur2
 
 from streamapp import wire
-from streamapp.agents.join import Joiner
-from streamapp.connect import start_client
 from streamapp.errors import StreamappError
-from streamapp.tools.replay.format import Record, Recording
-from streamapp.settings import Settings
-from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
-from streamapp.topics import max_record_bytes
+from streamapp.tools.replay.format import Record
 from streamapp.units import UnitError, parse_duration
 
 SIDES = ("frames", "results", "both")
@@ -307,229 +298,3 @@ def interleave(sources: list[Iterable[Record]]) -> Records:
                                       event_ms=record.event_time_ms + shift)
 
     return heapq.merge(*(rebased(first, rest) for first, rest in heads), key=lambda r: r.timestamp_ms)
-
-
-# --- the expected outcome ---------------------------------------------------------------------
-
-
-_END_OF_TIME = 2**62
-
-
-@dataclasses.dataclass
-class Prediction:
-    """What the join must do with a replayed stream: its counters and which frames end how."""
-
-    counts: dict[str, int]
-    joined: set[wire.FrameId]
-    unmatched: set[wire.FrameId]
-
-
-def predict(records: Iterable[Record], settings: Settings, *, speed: float | None) -> Prediction:
-    """Runs the join's own decision (:class:`Joiner`) on the stream, on the replay's clock.
-
-    The worker is taken to keep up, so the other side is always caught up: a waiting entry
-    leaves at its deadline (stored + TTL on the replay clock), or as soon as the other side of
-    its partition has been read past its event time + TTL, whichever comes first. The worker
-    expires entries up to one sweep interval later, so scenarios keep their timings clear of the
-    TTL by more than that.
-    """
-    joiner = Joiner(ttl_ms=round(settings.join_ttl_s * 1000), marker_ttl_ms=round(settings.done_marker_ttl_s * 1000))
-    window = _PredictedWindow(joiner, settings.partitions)
-    joined = set()
-    start, now = None, 0
-    for record in records:
-        side = side_of(record)
-        if side is None:
-            continue
-        start = record.timestamp_ms if start is None else start
-        # The replayer never waits for a timestamp earlier than one it has passed: neither does this clock.
-        now = max(now, 0 if speed is None else round((record.timestamp_ms - start) / speed))
-        window.expire(now)
-        decoded = wire.decode(record.value)
-        if window.arrive(record, decoded, now) is not None:
-            joined.add(decoded.id)
-        window.expire(now)
-    window.expire(_END_OF_TIME)
-    counts = dataclasses.asdict(joiner.counts)
-    return Prediction(counts, joined, window.unmatched)
-
-
-class _PredictedWindow(dict):
-    """The join window as a dict, with the read progress of each side, for :func:`predict`."""
-
-    def __init__(self, joiner: Joiner, partitions: int) -> None:
-        super().__init__()
-        self.joiner, self.partitions = joiner, partitions
-        self.partition_of: dict[bytes, int] = {}
-        self.read_past: dict[tuple[bytes, int, bytes], int] = {}  # (side, partition, camera run)
-        self.unmatched: set[wire.FrameId] = set()
-
-    def put(self, key: bytes, entry: Entry) -> None:
-        self[key] = entry
-
-    def arrive(self, record: Record, decoded, now: int):
-        partition = (murmur2(record.key or b"") & 0x7FFFFFFF) % self.partitions
-        side = EntryKind.FRAME if isinstance(decoded, wire.Frame) else EntryKind.RESULT
-        read = (side, partition, wire.run_of(decoded.id.join_key()))
-        self.read_past[read] = max(self.read_past.get(read, record.event_time_ms), record.event_time_ms)
-        self.partition_of[decoded.id.join_key()] = partition
-        return self.joiner.arrive(self, decoded, record.value, event_ms=record.event_time_ms, now_ms=now)
-
-    def expire(self, now: int) -> None:
-        """Expire what is due at ``now``: by deadline (at the deadline) or by the other side's
-        progress (now); markers made by expiry too."""
-        while due := [(key, at) for key, entry in self.items() if (at := self._due_at(key, entry, now)) is not None]:
-            for key, at in due:
-                replacement, frame_out = self.joiner.on_due(self.pop(key), at)
-                if replacement is not None:
-                    self[key] = replacement
-                if frame_out is not None:
-                    self.unmatched.add(frame_out.frame.id)
-
-    def _due_at(self, key: bytes, entry: Entry, now: int) -> int | None:
-        if entry.deadline_ms <= now:
-            return entry.deadline_ms
-        if entry.is_pending:
-            progress = self.read_past.get((OTHER_SIDE[entry.kind], self.partition_of[key], wire.run_of(key)))
-            if progress is not None and entry.event_ms + self.joiner.ttl_ms < progress:
-                return now
-        return None
-
-
-# --- publishing -------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Sent:
-    """A record as published: where it went, its Kafka timestamp (its event time, moved to the
-    replay), and when it was handed to the producer (ms since the Unix epoch)."""
-
-    record: Record
-    topic: str
-    partition: int
-    timestamp_ms: int
-    sent_ms: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplayTarget:
-    """Where records go: ``rename`` maps recorded topics to target topics (others keep their
-    name); ``recorded_partitions`` are the recorded topics' partition counts. A record keeps its
-    recorded partition unless ``by_key`` or a transform re-keyed it (then Kafka's key partitioner
-    places it, as it placed the original)."""
-
-    rename: dict[str, str]
-    recorded_partitions: dict[str, int]
-    by_key: bool = False
-
-
-async def publish(records: Iterable[Record], settings: Settings, target: ReplayTarget, *,
-                  speed: float | None, on_sent: Callable[[Sent], None] | None = None) -> int:
-    """Publish ``records`` at their recorded pace × ``speed`` (None: as fast as possible).
-
-    Each record's Kafka timestamp is its event time moved by one shift, so that the first
-    record happens now: the join sees the recorded event times, and retention counts from the
-    replay, not from when they were recorded.
-    """
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
-                                max_request_size=max_record_bytes(settings),
-                                max_batch_size=min(max_record_bytes(settings), 1024**2),
-                                linger_ms=2, acks="all", enable_idempotence=True)
-    await start_client(producer, settings.bootstrap_servers)
-    try:
-        counts = _PartitionCounts(producer, target)
-        pace = _Pace(speed)
-        sent = 0
-        shift: int | None = None
-        for record in records:
-            topic = target.rename.get(record.topic, record.topic)
-            partition = await counts.partition(record, topic)
-            await pace.wait(record.timestamp_ms)
-            sent_ms = int(time.time() * 1000)
-            if shift is None:
-                shift = sent_ms - record.event_time_ms
-            timestamp_ms = max(0, record.event_time_ms + shift)
-            future = await producer.send(topic, record.value, key=record.key, partition=partition,
-                                         headers=list(record.headers), timestamp_ms=timestamp_ms)
-            if on_sent is not None:
-                future.add_done_callback(_reporter(record, timestamp_ms, sent_ms, on_sent))
-            sent += 1
-        await producer.flush()
-        return sent
-    finally:
-        await producer.stop()
-
-
-def _reporter(record: Record, timestamp_ms: int, sent_ms: int, on_sent: Callable[[Sent], None]):
-    # The timestamp as sent: aiokafka reports the first record's for every record of a batch.
-    def report(future) -> None:
-        if not future.cancelled() and future.exception() is None:
-            metadata = future.result()
-            on_sent(Sent(record, metadata.topic, metadata.partition, timestamp_ms, sent_ms))
-    return report
-
-
-class _PartitionCounts:
-    def __init__(self, producer: AIOKafkaProducer, target: ReplayTarget) -> None:
-        self.producer, self.target = producer, target
-        self.known: dict[str, int] = {}
-
-    async def partition(self, record: Record, topic: str) -> int | None:
-        if topic not in self.known:
-            try:
-                self.known[topic] = len(await self.producer.partitions_for(topic))
-            except Exception as exc:  # aiokafka reports a missing topic in several ways
-                raise ReplayError(f"cannot publish to topic {topic!r}: {exc!r}; does it exist?") from None
-        if record.partition is None or self.target.by_key:
-            return None
-        recorded = self.target.recorded_partitions.get(record.topic)
-        if recorded != self.known[topic]:
-            raise ReplayError(
-                f"{record.topic!r} was recorded with {recorded} partitions but {topic!r} has "
-                f"{self.known[topic]}: records would not land as recorded. Partition by key instead "
-                f"(--by-key), or replay into a topic with {recorded} partitions.")
-        return record.partition
-
-
-class _Pace:
-    """Sends each record at its offset from the first, divided by the speed; never bursts ahead."""
-
-    def __init__(self, speed: float | None) -> None:
-        if speed is not None and not speed > 0:
-            raise ReplayError(f"speed must be > 0, or None for as fast as possible; got {speed!r}")
-        self.speed = speed
-        self.origin: tuple[float, int] | None = None
-
-    async def wait(self, timestamp_ms: int) -> None:
-        if self.speed is None:
-            return
-        if self.origin is None:
-            self.origin = (time.monotonic(), timestamp_ms)
-        started, first = self.origin
-        delay = started + (timestamp_ms - first) / 1000 / self.speed - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-
-def open_recordings(paths: list) -> tuple[Records, dict[str, int]]:
-    """The records of one or more recordings (interleaved by time) and their topics' partition
-    counts; recordings that disagree on a topic's partition count cannot be replayed together."""
-    recordings = [Recording(path) for path in paths]
-    partitions: dict[str, int] = {}
-    for recording in recordings:
-        for topic, count in recording.header.topics.items():
-            if partitions.setdefault(topic, count) != count:
-                raise ReplayError(f"recordings disagree on the partitions of {topic!r}: "
-                                  f"{partitions[topic]} and {count} ({recording.path})")
-    records = iter(recordings[0]) if len(recordings) == 1 else interleave(recordings)
-    return records, partitions
-
-
-def epoch_offset_to_now(records: Iterable[Record]) -> int:
-    """How far to move epochs so the first frame's epoch becomes now (see :class:`ShiftEpochs`)."""
-    from streamapp.agents.source import new_epoch
-
-    for record in records:
-        if side_of(record) is not None:
-            return new_epoch() - frame_id(record).epoch
-    return 0
