@@ -1,5 +1,6 @@
 """The import contracts of pyproject.toml ([tool.importlinter]) hold: tools -> worker -> agents ->
-tables -> vocabulary, and the vocabulary imports nothing above it.
+tables -> vocabulary, the vocabulary imports nothing above it, and no package's modules import
+each other in a cycle.
 
 ``agents/`` and ``tables/`` install as streamapp.agents and streamapp.tables from folders outside
 ``streamapp/``, and import-linter reads a package from its folder, so the check runs on a copy

@@ -37,7 +37,6 @@ from aiokafka import AIOKafkaConsumer
 from streamapp import wire
 from streamapp.agents.source import new_epoch
 from streamapp.tools.bench import copy, join_report, kstreams
-from streamapp.tools.bench.join_command import DEFAULT_RATES, SYSTEMS
 from streamapp.tools.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
                                    load_producer, pace, publish_order)
 from streamapp.tools.bench.sampler import cpu_seconds_of, rss_of
@@ -55,6 +54,10 @@ READY_TIMEOUT_S = 120.0
 QUIET_AFTER_TTL_S = 5.0
 # Latencies of a step's first tenth are the system settling into the rate, not its steady state.
 WARMUP_FRACTION = 0.1
+
+
+SYSTEMS = ("copy", "kstreams", "streamapp")
+DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0)
 
 
 @dataclasses.dataclass(frozen=True)

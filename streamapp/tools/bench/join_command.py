@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from streamapp.tools.arguments import count_arg, rates_arg, resolution_arg, seconds_arg, steady_fps_arg
+from streamapp.tools.bench.join import DEFAULT_RATES, SYSTEMS, JoinBenchOptions, run_join_bench
+from streamapp.tools.bench.join_report import markdown
 
 HELP = "the join side by side with Kafka Streams and a plain copy, on one broker and the same bytes"
-SYSTEMS = ("copy", "kstreams", "streamapp")
-DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0)
 
 
 def configure(join: argparse.ArgumentParser) -> None:
@@ -55,9 +55,6 @@ def command_line(options) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamapp.tools.bench.join import JoinBenchOptions, run_join_bench
-    from streamapp.tools.bench.join_report import markdown
-
     width, height = args.size
     options = JoinBenchOptions(pairs=args.pairs, rates=args.rates, live_seconds=args.live_seconds,
                                warmup_s=args.warmup,

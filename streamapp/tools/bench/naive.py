@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -89,6 +90,33 @@ def _write_atomically(path: Path, text: str) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+class NaiveJoin:
+    """The baseline process (streamapp.tools.bench.naive) and the stats file it writes."""
+
+    def __init__(self, settings: Settings, out: Path) -> None:
+        self.stats_file = out / "naive-stats.json"
+        self._log = open(out / "logs" / "naive.log", "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "streamapp.tools.bench.naive", str(self.stats_file)],
+            env={**os.environ, **settings.to_env()}, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def stats(self) -> dict:
+        try:
+            return json.loads(self.stats_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
 
 
 if __name__ == "__main__":

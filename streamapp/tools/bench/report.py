@@ -12,7 +12,7 @@ from streamapp.tools.bench.plot import line_chart
 from streamapp.settings import Settings
 
 if TYPE_CHECKING:
-    from streamapp.tools.bench.soak import Progress, SoakOptions
+    from streamapp.tools.bench.soak_state import Progress, SoakOptions
 
 MIB = 1024**2
 

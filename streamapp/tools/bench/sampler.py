@@ -16,7 +16,8 @@ from streamapp.topics import changelog_name, topic_names
 from streamapp.tools.workers import Worker
 
 if TYPE_CHECKING:
-    from streamapp.tools.bench.soak import NaiveJoin, Progress
+    from streamapp.tools.bench.naive import NaiveJoin
+    from streamapp.tools.bench.soak_state import Progress
 
 
 def rss_of(pid: int) -> int:

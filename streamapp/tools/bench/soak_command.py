@@ -38,7 +38,8 @@ def configure(soak: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamapp.tools.bench.soak import SoakOptions, run_soak
+    from streamapp.tools.bench.soak import run_soak
+    from streamapp.tools.bench.soak_state import SoakOptions
 
     width, height = args.size
     scenarios = SCENARIOS if args.scenario == "all" else (args.scenario,)
