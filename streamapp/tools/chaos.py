@@ -40,8 +40,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
-from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
+from streamapp.outputs import frame_path
+from streamapp.agents.source import Pacer, synthetic_frames
+from streamapp.wire import new_epoch
 from streamapp.tools.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import LocalCluster, count_under_replicated, default_cluster_dir

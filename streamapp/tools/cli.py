@@ -33,7 +33,8 @@ from streamapp.tools.localkafka.cluster import CLUSTER_NODES, LocalCluster, defa
 from streamapp.tools.localkafka.common import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION
 from streamapp.tools.localkafka.locations import default_data_dir, kafka_home
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
-from streamapp.settings import Settings, parse_stream_id
+from streamapp.settings import Settings
+from streamapp.wire import parse_stream_id
 from streamapp.units import format_bytes
 
 
@@ -189,7 +190,8 @@ def configure_produce(parser: argparse.ArgumentParser) -> None:
 
 
 def run_produce(args: argparse.Namespace) -> int:
-    from streamapp.agents.source import Pacer, new_epoch, synthetic_frames, video_file_frames
+    from streamapp.agents.source import Pacer, synthetic_frames, video_file_frames
+    from streamapp.wire import new_epoch
     from streamapp.groundtruth import GroundTruthWriter
     from streamapp.tools.progress import Progress
     from streamapp.tools.publisher import FramePublisher, interleave, paced

@@ -28,8 +28,10 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import assets, wire
-from streamapp.agents.sink import VideoAssembler, frame_path, save_contact_sheet, video_segments
-from streamapp.agents.source import Pacer, new_epoch, synthetic_frames, video_file_frames
+from streamapp.agents.sink import VideoAssembler, save_contact_sheet
+from streamapp.outputs import frame_path, video_segments
+from streamapp.agents.source import Pacer, synthetic_frames, video_file_frames
+from streamapp.wire import new_epoch
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.locations import default_data_dir
 from streamapp.tools.localkafka.processes import free_port, port_in_use

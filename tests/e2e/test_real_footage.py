@@ -20,7 +20,8 @@ from joined_reader import read_joined
 from streamapp import wire
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
-from streamapp.agents.source import new_epoch, video_file_frames
+from streamapp.agents.source import video_file_frames
+from streamapp.wire import new_epoch
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher
 from streamapp.settings import STAGES, Settings

@@ -21,8 +21,9 @@ from joined_reader import read_joined
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
-from streamapp.agents.source import new_epoch, synthetic_frames
+from streamapp.outputs import frame_path
+from streamapp.agents.source import synthetic_frames
+from streamapp.wire import new_epoch
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.samples import sample_name
 from streamapp.tools.publisher import FramePublisher, interleave

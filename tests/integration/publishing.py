@@ -9,7 +9,8 @@ import time
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.source import new_epoch, synthetic_frames
+from streamapp.agents.source import synthetic_frames
+from streamapp.wire import new_epoch
 from streamapp.tools.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names

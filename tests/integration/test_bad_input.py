@@ -16,7 +16,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
+from streamapp.outputs import frame_path
 from streamapp.agents.source import synthetic_frames
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.chaos import read_topic, wait_for

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from streamapp.agents.sink import frame_path
+from streamapp.outputs import frame_path
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.chaos import read_joined, wait_for

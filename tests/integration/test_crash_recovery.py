@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from streamapp.agents.sink import frame_path
+from streamapp.outputs import frame_path
 from streamapp.tools.chaos import ChaosOptions, Pipeline, read_joined, run_chaos, wait_for
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics

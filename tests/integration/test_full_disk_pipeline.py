@@ -8,7 +8,7 @@ import shutil
 import pytest
 import rocksdict
 
-from streamapp.agents.sink import frame_path, video_segments
+from streamapp.outputs import frame_path, video_segments
 from streamapp.tools.chaos import Pipeline, read_joined, wait_for
 from streamapp.settings import Settings
 from streamapp.tables.entry import Entry, EntryKind

@@ -13,8 +13,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
-from streamapp.agents.source import new_epoch, synthetic_frames
+from streamapp.outputs import frame_path
+from streamapp.agents.source import synthetic_frames
+from streamapp.wire import new_epoch
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.chaos import processed, read_joined, wait_for
 from streamapp.tools.publisher import FramePublisher

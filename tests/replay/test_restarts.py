@@ -22,7 +22,7 @@ from harness import (COUNTERS, SCENARIOS, SLACK_S, JoinedReader, Outcome, Sample
                      wait_until)
 from streamapp.tools.replay.predict import Prediction, predict
 from streamapp.tools.replay.publish import ReplayTarget, Sent, publish
-from streamapp.agents.sink import frame_path
+from streamapp.outputs import frame_path
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.replay.scenario import Scenario
 from streamapp.settings import Settings

@@ -20,7 +20,8 @@ from pathlib import Path
 from streamapp import assets
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
-from streamapp.agents.source import new_epoch, video_file_frames
+from streamapp.agents.source import video_file_frames
+from streamapp.wire import new_epoch
 from streamapp.tools.arguments import count_arg
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.processes import free_port

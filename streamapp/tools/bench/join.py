@@ -35,7 +35,7 @@ from typing import Callable
 from aiokafka import AIOKafkaConsumer
 
 from streamapp import wire
-from streamapp.agents.source import new_epoch
+from streamapp.wire import new_epoch
 from streamapp.tools.bench import copy, join_report, kstreams
 from streamapp.tools.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
                                    load_producer, pace, publish_order)

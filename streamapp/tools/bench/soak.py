@@ -24,7 +24,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer
 
 from streamapp import wire
-from streamapp.agents.source import new_epoch
+from streamapp.wire import new_epoch
 from streamapp.tools.bench.naive import NaiveJoin, naive_topic
 from streamapp.tools.bench.pairs import (FRAME, create_plain_topics, detections_for, encoded_frames,
                                    load_producer, pace, publish_order)

@@ -17,7 +17,8 @@ from streamapp.errors import UsageError
 from streamapp.tools.replay.scenario import ReplayPlan, Scenario
 from streamapp.tools.replay.capture import RecordLimits, record_topics, synthetic_records
 from streamapp.tools.replay.format import RecordingWriter
-from streamapp.settings import Settings, parse_stream_id
+from streamapp.settings import Settings
+from streamapp.wire import parse_stream_id
 from streamapp.topics import topic_names
 from streamapp.units import UnitError, parse_duration
 

@@ -10,10 +10,11 @@ from typing import Callable, Iterable
 from aiokafka import AIOKafkaProducer
 
 from streamapp.connect import start_client
-from streamapp.tools.replay.format import Record, Recording
 from streamapp.settings import Settings
-from streamapp.topics import max_record_bytes
+from streamapp.tools.replay.format import Record, Recording
 from streamapp.tools.replay.transforms import Records, ReplayError, frame_id, interleave, side_of
+from streamapp.topics import max_record_bytes
+from streamapp.wire import new_epoch
 
 @dataclasses.dataclass(frozen=True)
 class Sent:
@@ -143,8 +144,6 @@ def open_recordings(paths: list) -> tuple[Records, dict[str, int]]:
 
 def epoch_offset_to_now(records: Iterable[Record]) -> int:
     """How far to move epochs so the first frame's epoch becomes now (see :class:`ShiftEpochs`)."""
-    from streamapp.agents.source import new_epoch
-
     for record in records:
         if side_of(record) is not None:
             return new_epoch() - frame_id(record).epoch
