@@ -8,6 +8,7 @@ laid out as installed."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -42,3 +43,26 @@ def test_every_vocabulary_module_is_under_contract():
     root_modules = {f"streamapp.{path.stem}" for path in (REPO / "streamapp").glob("*.py")
                     if path.stem not in ("__init__", "app")}
     assert set(vocabulary["source_modules"]) == root_modules
+
+
+IMPORT_ALL = """
+import importlib, pkgutil
+import streamapp, streamapp.agents, streamapp.tables
+packages = (streamapp, streamapp.agents, streamapp.tables)
+names = sorted({m.name for p in packages for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")} - {"streamapp.app"})
+for name in names:
+    importlib.import_module(name)
+from streamapp.worker.stage import Stage
+print(len(names), Stage.__name__)
+"""
+
+
+def test_importing_anything_but_the_app_builds_nothing(tmp_path):
+    env = {**os.environ, "STREAMAPP_DATA_DIR": "data"}
+    env.pop("PYTHONPATH", None)
+    finished = subprocess.run([sys.executable, "-c", IMPORT_ALL], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    count, stage = finished.stdout.split()
+    assert int(count) > 60 and stage == "Stage"
+    assert list(tmp_path.iterdir()) == []
