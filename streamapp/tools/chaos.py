@@ -33,29 +33,21 @@ import random
 import shutil
 import statistics
 import time
-import urllib.error
 from collections import Counter
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from streamapp import wire
 from streamapp.outputs import frame_path
-from streamapp.agents.source import Pacer, synthetic_frames
-from streamapp.wire import new_epoch
+from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings
 from streamapp.tools.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
+from streamapp.tools.harness import (POLL_S, JoinedTopic, Pipeline, ensure_broker, processed, read_joined,
+                                     synthetic_streams, wait_for)
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import LocalCluster, count_under_replicated, default_cluster_dir
 from streamapp.tools.localkafka.common import DEFAULT_PORT
-from streamapp.tools.localkafka.processes import free_port
-from streamapp.tools.demo import DemoOptions, ensure_broker
-from streamapp.tools.publisher import FramePublisher, interleave, paced
-from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.tools.publisher import FramePublisher
 from streamapp.units import parse_duration
-from streamapp.tools.workers import Worker
-
-POLL_S = 0.25
+from streamapp.wire import new_epoch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,65 +93,6 @@ class BrokerFault:
     in_sync_s: float | None = None  # ... until every partition had all its copies in sync
 
 
-class Pipeline:
-    """One worker process per stage; a stage can be killed and started again, as the same
-    worker: same data dir, same web port (so the same static group member)."""
-
-    def __init__(self, settings: Settings, out: Path) -> None:
-        self.settings = settings
-        self.out = out
-        self.workers: dict[str, Worker] = {}
-        self.starts: Counter = Counter()
-        self.web_ports: dict[str, int] = {}
-
-    def stage_settings(self, stage: str) -> Settings:
-        web_port = self.web_ports.setdefault(stage, free_port())
-        return self.settings.replace(stages=(stage,), web_port=web_port, data_dir=self.data_dir(stage))
-
-    def data_dir(self, stage: str) -> Path:
-        return self.out / ".data" / stage
-
-    def start(self, stage: str) -> Worker:
-        self.starts[stage] += 1
-        log_dir = self.out / "logs" / f"{stage}-{self.starts[stage]:02d}"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.workers[stage] = Worker(stage, self.stage_settings(stage), log_dir)
-        return self.workers[stage]
-
-    def kill(self, stage: str, *, wipe_store: bool = False) -> None:
-        self.workers[stage].kill()
-        if wipe_store:
-            shutil.rmtree(self.data_dir(stage), ignore_errors=True)
-
-    def stop(self) -> None:
-        for worker in self.workers.values():
-            worker.stop()
-
-    def exited(self) -> set[str]:
-        """Stages whose current worker ended although nobody killed it."""
-        return {stage for stage, worker in self.workers.items() if worker.process.poll() is not None}
-
-
-def processed(worker: Worker) -> float:
-    """Records this process has handled so far: the sum of its stage's counters."""
-    try:
-        stats = worker.stats()
-    except (OSError, urllib.error.URLError, ValueError):
-        return 0.0  # the web server is not up yet
-    prefix = f"{worker.stage}_"
-    return sum(value for name, value in stats.items() if name.startswith(prefix) and name.endswith("_total"))
-
-
-async def wait_for(condition, timeout_s: float) -> float | None:
-    """Seconds until ``condition()`` held, or None after the timeout."""
-    began = time.monotonic()
-    while time.monotonic() - began < timeout_s:
-        if condition():
-            return time.monotonic() - began
-        await asyncio.sleep(POLL_S)
-    return None
-
-
 class Source:
     """Publishes endless synthetic streams at a steady rate until stopped; remembers every id."""
 
@@ -170,18 +103,11 @@ class Source:
         self.stopping = asyncio.Event()
 
     async def run(self) -> None:
-        epoch = new_epoch()
-        streams = [synthetic_frames(f"cam{number}", epoch, None, self.options.width, self.options.height,
-                                    seed=number, fps=self.options.fps)
-                   for number in range(1, self.options.streams + 1)]
-        pacer = Pacer(self.options.fps * self.options.streams)
+        streams = synthetic_streams(self.options.streams, self.options.width, self.options.height, frames=None,
+                                    fps=self.options.fps, epoch=new_epoch())
         async with FramePublisher(self.settings) as publisher:
-            async for frame, _ in paced(interleave(streams), pacer.delay):
-                if self.stopping.is_set():
-                    break
-                await publisher.publish(frame)
-                self.produced.add(frame.id)
-            await publisher.flush()
+            await publisher.play(streams, self.options.fps, stopping=self.stopping,
+                                 on_frame=lambda frame, truth: self.produced.add(frame.id))
 
 
 BROKER = "broker"
@@ -270,47 +196,6 @@ class ChaosRun:
             if await wait_for(lambda: processed(worker) > 0, timeout) is not None:
                 kill.processing_s = round(time.monotonic() - killed_at, 2)
         return kill
-
-
-@dataclasses.dataclass
-class JoinedTopic:
-    """What the ``joined`` topic holds: copies per frame and the outcomes each frame got."""
-
-    copies: Counter = dataclasses.field(default_factory=Counter)
-    outcomes: dict = dataclasses.field(default_factory=dict)
-
-    def add(self, joined: wire.Joined) -> None:
-        frame_id = joined.frame.id
-        self.copies[frame_id] += 1
-        self.outcomes.setdefault(frame_id, set()).add("joined" if joined.matched else "unmatched")
-
-
-async def read_topic(settings: Settings, topic: str, partitions: int) -> list:
-    """Every record of ``topic``, from the beginning to its end when called, as a downstream
-    consumer sees it (records of aborted transactions left out)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                max_partition_fetch_bytes=max_record_bytes(settings),
-                                isolation_level="read_committed")
-    await consumer.start()
-    records = []
-    try:
-        assigned = [TopicPartition(topic, number) for number in range(partitions)]
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning(*assigned)
-        ends = await consumer.end_offsets(assigned)
-        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            for batch in (await consumer.getmany(timeout_ms=500)).values():
-                records.extend(batch)
-    finally:
-        await consumer.stop()
-    return records
-
-
-async def read_joined(settings: Settings) -> JoinedTopic:
-    contents = JoinedTopic()
-    for record in await read_topic(settings, topic_names(settings)["joined"], settings.partitions):
-        contents.add(wire.decode_joined(record.value))
-    return contents
 
 
 class FrameFiles:
@@ -403,13 +288,10 @@ def run_chaos(options: ChaosOptions, settings: Settings | None = None, cluster: 
             broker = cluster.start()
         base = base.replace(broker=f"kafka://{cluster.bootstrap}", replication_factor=cluster.replication)
     else:
-        broker, base = ensure_broker(DemoOptions(broker_port=options.broker_port), base)
+        broker, base = ensure_broker(base, options.broker_port)
     pipeline = Pipeline(base, out)
     try:
-        asyncio.run(ensure_topics(base))
-        for stage in STAGES:
-            pipeline.start(stage)
-        asyncio.run(_wait_ready(pipeline))
+        pipeline.start_all()
         began = time.monotonic()
         source = Source(options, base)
         chaos = ChaosRun(options, FrameFiles(out), cluster)
@@ -424,11 +306,6 @@ def run_chaos(options: ChaosOptions, settings: Settings | None = None, cluster: 
             broker.stop()
     (out / "chaos.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-async def _wait_ready(pipeline: Pipeline) -> None:
-    if await wait_for(lambda: all(worker.ready() for worker in pipeline.workers.values()), 120) is None:
-        raise TimeoutError("timed out after 120 s waiting for the workers to be ready")
 
 
 # --- the command ------------------------------------------------------------------------------

@@ -25,17 +25,17 @@ from streamapp import assets
 
 from streamapp.tools import chaos
 
-from streamapp.tools.replay import commands as replay_commands
+from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
+from streamapp.settings import Settings
 from streamapp.tools.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.tools.bench import infer as infer_bench, join_command, soak_command
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import CLUSTER_NODES, LocalCluster, default_cluster_dir
 from streamapp.tools.localkafka.common import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION
 from streamapp.tools.localkafka.locations import default_data_dir, kafka_home
-from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
-from streamapp.settings import Settings
-from streamapp.wire import parse_stream_id
+from streamapp.tools.replay import commands as replay_commands
 from streamapp.units import format_bytes
+from streamapp.wire import parse_stream_id
 
 
 class CommandError(StreamappError, RuntimeError):
@@ -190,11 +190,12 @@ def configure_produce(parser: argparse.ArgumentParser) -> None:
 
 
 def run_produce(args: argparse.Namespace) -> int:
-    from streamapp.agents.source import Pacer, synthetic_frames, video_file_frames
-    from streamapp.wire import new_epoch
+    from streamapp.agents.source import video_file_frames
     from streamapp.groundtruth import GroundTruthWriter
+    from streamapp.tools.harness import synthetic_streams
     from streamapp.tools.progress import Progress
-    from streamapp.tools.publisher import FramePublisher, interleave, paced
+    from streamapp.tools.publisher import FramePublisher
+    from streamapp.wire import new_epoch
 
     settings = Settings.from_env()
     epoch = new_epoch()
@@ -204,25 +205,23 @@ def run_produce(args: argparse.Namespace) -> int:
                 args.video, parse_stream_id(args.stream), epoch, max_frames=args.frames))]
         else:
             width, height = args.size
-            sources = [synthetic_frames(parse_stream_id(f"{args.stream}{number}"), epoch, args.frames,
-                                        width, height, seed=number, fps=args.fps or 15.0)
-                       for number in range(1, args.streams + 1)]
+            sources = synthetic_streams(args.streams, width, height, frames=args.frames, fps=args.fps or 15.0,
+                                        epoch=epoch, prefix=args.stream)
     except ValueError as exc:  # a stream id
         raise UsageError(str(exc), "see `streamapp produce --help`") from None
     truth = GroundTruthWriter(args.ground_truth) if args.ground_truth else None
 
     async def publish() -> int:
-        pacer = Pacer(args.fps * len(sources) if args.fps else None)
         # A video may end before --frames; the bar then stops short of its total. Connected
         # first, so that no broker is an error without a bar.
         async with FramePublisher(settings) as publisher:
             with Progress("produce", total=args.frames * len(sources), unit="frames") as progress:
-                async for frame, boxes in paced(interleave(sources), pacer.delay):
-                    await publisher.publish(frame)
+                def published(frame, boxes) -> None:
                     if truth is not None:
                         truth.write(frame.id, boxes)
                     progress.advance()
-                await publisher.flush()
+
+                await publisher.play(sources, args.fps, on_frame=published)
                 return publisher.published
 
     try:

@@ -24,23 +24,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
-
 from streamapp import assets, wire
 from streamapp.agents.sink import VideoAssembler, save_contact_sheet
-from streamapp.outputs import frame_path, video_segments
-from streamapp.agents.source import Pacer, synthetic_frames, video_file_frames
-from streamapp.wire import new_epoch
-from streamapp.tools.localkafka.broker import LocalBroker
-from streamapp.tools.localkafka.locations import default_data_dir
-from streamapp.tools.localkafka.processes import free_port, port_in_use
+from streamapp.agents.source import video_file_frames
 from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox, match_boxes
-from streamapp.tools.publisher import FramePublisher, interleave, paced
+from streamapp.outputs import frame_path, video_segments
 from streamapp.settings import STAGES, Settings
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.tools.harness import Pipeline, delete_topics, ensure_broker, read_joined_until, synthetic_streams
+from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker, wait_until
+from streamapp.wire import new_epoch
 
 log = logging.getLogger(__name__)
 # A stream's frames, each with its true boxes (None for real footage).
@@ -103,14 +97,11 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
         _fetch(assets.MODEL)
         base = base.replace(detector="yolo")
     # Outside the clean-up below: a broker that never started has no topics to delete.
-    broker, base = ensure_broker(options, base)
-    workers: list[Worker] = []
+    broker, base = ensure_broker(base, options.broker_port, options.broker_dir)
+    pipeline = Pipeline(base, out, restart_logs=False)
     try:
-        asyncio.run(ensure_topics(base))
-        for stage in STAGES:
-            workers.append(Worker(stage, base.replace(
-                stages=(stage,), web_port=free_port(), data_dir=out / ".data" / stage), out / "logs"))
-        wait_until(lambda: all(worker.ready() for worker in workers), 120, "workers to be ready")
+        pipeline.start_all()
+        workers = list(pipeline.workers.values())
         _announce_web_pages(workers)
         with StageClock(workers) as clock:
             produced = asyncio.run(_produce(options, base))
@@ -118,18 +109,16 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
             elapsed = time.monotonic() - produced.started
             wait_until(lambda: _sink_caught_up(out, produced), 60, "the sink to write every frame")
         stats = {worker.stage: worker.stats() for worker in workers}
-        for worker in workers:
-            worker.stop()
+        pipeline.stop()
         summary = _summary(options, base, produced, outcome, stats, elapsed)
         summary["frames_per_s_per_stage"] = clock.rates(produced.started)
         _write_outputs(out, produced, summary)
     finally:
-        for worker in workers:
-            worker.stop()
+        pipeline.stop()
         if broker is not None:
             broker.stop()  # its data dir, topics included, stays for the next run
         else:
-            asyncio.run(_delete_topics(base))
+            asyncio.run(delete_topics(base))
     if not summary["exactly_once"]:
         raise DemoFailed(f"not every frame came out exactly once; see {out / 'summary.json'}")
     return summary
@@ -193,28 +182,15 @@ def _announce_web_pages(workers: list[Worker]) -> None:
     print("\n".join(f"streamapp: {page}" for page in pages), file=sys.stderr, flush=True)
 
 
-def ensure_broker(options: DemoOptions, settings: Settings) -> tuple[LocalBroker | None, Settings]:
-    """Use a broker already listening on the port; otherwise start a local one (and own it)."""
-    address = settings.replace(broker=f"kafka://127.0.0.1:{options.broker_port}")
-    if port_in_use(options.broker_port):
-        return None, address
-    broker = LocalBroker(options.broker_dir or default_data_dir(options.broker_port), options.broker_port)
-    broker.start()
-    return broker, address
-
-
 async def _produce(options: DemoOptions, settings: Settings) -> Produced:
     produced = Produced(started=time.monotonic())
     fps = options.fps if options.fps is not None else SYNTHETIC_FPS if options.synthetic else REAL_FPS
-    streams = _sources(options, new_epoch(), fps)
-    # Streams interleave frame by frame, as concurrent cameras would; the pacer runs at the
-    # combined rate.
-    pacer = Pacer(fps * len(streams) if fps else None)
+
+    def remember(frame: wire.Frame, truth: list[TruthBox] | None) -> None:
+        produced.truth[frame.id] = truth
+
     async with FramePublisher(settings) as publisher:
-        async for frame, truth in paced(interleave(streams), pacer.delay):
-            await publisher.publish(frame)
-            produced.truth[frame.id] = truth
-        await publisher.flush()
+        await publisher.play(_sources(options, new_epoch(), fps), fps, on_frame=remember)
     log.info("published %d frames", len(produced.truth))
     return produced
 
@@ -226,9 +202,8 @@ def _sources(options: DemoOptions, epoch: int, fps: float) -> list[Source]:
     video's own rate.
     """
     if options.synthetic:
-        return [synthetic_frames(f"cam{number}", epoch, options.frames, options.width,
-                                 options.height, seed=number, fps=fps or SYNTHETIC_FPS)
-                for number in range(1, options.streams + 1)]
+        return synthetic_streams(options.streams, options.width, options.height, frames=options.frames,
+                                 fps=fps or SYNTHETIC_FPS, epoch=epoch)
     return [((frame, None) for frame in video_file_frames(path, stream, epoch, max_frames=options.frames,
                                                           fps=fps or None))
             for path, stream in zip(options.videos, _stream_ids(options.videos))]
@@ -244,25 +219,8 @@ def _stream_ids(videos: tuple[Path, ...]) -> list[str]:
 async def _collect(options: DemoOptions, settings: Settings, produced: Produced) -> Outcome:
     """Read ``joined`` until every produced frame is out (or the timeout), judging each record."""
     outcome = Outcome()
-    consumer = AIOKafkaConsumer(
-        topic_names(settings)["joined"], bootstrap_servers=settings.bootstrap_servers,
-        auto_offset_reset="earliest", enable_auto_commit=False,
-        max_partition_fetch_bytes=max_record_bytes(settings),
-    )
-    await consumer.start()
-    deadline = time.monotonic() + options.timeout_s
-    try:
-        while len(outcome.seen) < len(produced.truth) and time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    _judge(wire.decode_joined(record.value), produced, outcome)
-        # Anything more would be a duplicate: read a little longer to catch one.
-        for records in (await consumer.getmany(timeout_ms=1000)).values():
-            for record in records:
-                _judge(wire.decode_joined(record.value), produced, outcome)
-    finally:
-        await consumer.stop()
+    await read_joined_until(settings, len(produced.truth), options.timeout_s,
+                            lambda joined: _judge(joined, produced, outcome))
     return outcome
 
 
@@ -351,15 +309,3 @@ def _sheet_frames(produced: Produced, tiles: int = 16) -> list[wire.FrameId]:
     per_run = max(1, tiles // len(runs))
     return [frames[round(number * (len(frames) - 1) / max(1, per_run - 1))]
             for frames in runs.values() for number in range(min(per_run, len(frames)))]
-
-
-async def _delete_topics(settings: Settings) -> None:
-    """This run's topics, from a broker the demo did not start and so must leave as it was."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
-    await admin.start()
-    try:
-        mine = [name for name in await admin.list_topics() if name.startswith(settings.topic_prefix)]
-        if mine:
-            await admin.delete_topics(mine)
-    finally:
-        await admin.close()

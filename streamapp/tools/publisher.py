@@ -1,4 +1,5 @@
-"""Publishing frames to Kafka the way the join expects them: bucket-keyed, size-checked, paced.
+"""Publishing frames to Kafka the way the join expects them: bucket-keyed, size-checked, paced;
+and the one producer configuration every tool publishes with (:func:`producer_config`).
 
 Keys are the frame-index bucket (stream, epoch, index // bucket size) and partitions come from the
 producer's default murmur2 partitioner — the same function Faust's producer uses for ``detections``
@@ -8,15 +9,32 @@ producer's default murmur2 partitioner — the same function Faust's producer us
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Iterable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
+from streamapp.agents.source import Pacer
 from streamapp.connect import start_client
 from streamapp.errors import StreamappError
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
+
+
+# A batch waits this long for more records: a few frames per request under load, little delay alone.
+LINGER_MS = 5
+MAX_BATCH_BYTES = 1024**2
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """How every tool produces to the pipeline's topics: records up to the frame limit, batches
+    bounded in bytes (aiokafka holds at most one per partition), each write acknowledged by every
+    in-sync copy and never written twice by a retry (as the workers' own producers write)."""
+    limit = max_record_bytes(settings)
+    config = dict(bootstrap_servers=settings.bootstrap_servers, max_request_size=limit,
+                  max_batch_size=min(limit, MAX_BATCH_BYTES), linger_ms=LINGER_MS, acks="all",
+                  enable_idempotence=True)
+    return {**config, **overrides}
 
 
 class FrameTooLarge(StreamappError, ValueError):
@@ -29,15 +47,7 @@ class FramePublisher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topic = topic_names(settings)["frames"]
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers,
-            max_request_size=max_record_bytes(settings),
-            # Bounded in bytes: aiokafka holds at most one batch of this size per partition.
-            max_batch_size=min(max_record_bytes(settings), 1024**2),
-            linger_ms=5,
-            acks="all",
-            enable_idempotence=True,
-        )
+        self.producer = AIOKafkaProducer(**producer_config(settings))
         self.published = 0
         self.published_bytes = 0
 
@@ -63,6 +73,20 @@ class FramePublisher:
 
     async def flush(self) -> None:
         await self.producer.flush()
+
+    async def play(self, streams: list[Iterator[tuple[wire.Frame, Any]]], fps: float | None, *,
+                   on_frame: Callable[[wire.Frame, Any], None] = lambda frame, kept: None,
+                   stopping: asyncio.Event | None = None) -> None:
+        """Publish ``(frame, anything)`` streams interleaved frame by frame, as concurrent cameras
+        arrive, each at ``fps`` (None or 0: as fast as the broker takes them), until they end or
+        ``stopping`` is set; ``on_frame`` sees each frame once it is handed to the producer."""
+        pacer = Pacer(fps * len(streams) if fps else None)
+        async for frame, kept in paced(interleave(streams), pacer.delay):
+            if stopping is not None and stopping.is_set():
+                break
+            await self.publish(frame)
+            on_frame(frame, kept)
+        await self.flush()
 
 
 async def paced(frames: Iterable, delay) -> AsyncIterator:

@@ -8,14 +8,13 @@ import asyncio
 import pytest
 
 from streamapp.outputs import frame_path
+from streamapp.settings import Settings
+from streamapp.tools.harness import publish_frames, read_joined, wait_for
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.tools.chaos import read_joined, wait_for
-from streamapp.settings import Settings
-from streamapp.topics import ensure_topics
 from streamapp.tools.workers import Worker
+from streamapp.topics import ensure_topics
 
-from publishing import publish_frames
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

@@ -9,10 +9,10 @@ The cluster is the module's own (never the session's broker); the faults come fr
 
 import pytest
 
+from streamapp.settings import Settings
+from streamapp.tools.chaos import ChaosOptions, run_chaos
 from streamapp.tools.localkafka.cluster import LocalCluster
 from streamapp.tools.localkafka.processes import free_port_block
-from streamapp.tools.chaos import ChaosOptions, run_chaos
-from streamapp.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

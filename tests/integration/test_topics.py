@@ -11,8 +11,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from streamapp.tools.localkafka.processes import free_port
 from streamapp.settings import Settings
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.topics import TopicError, check_copartitioned, disk_plan, ensure_topics, topic_names
 
 

@@ -4,7 +4,8 @@ A run replays the scenario's records into the worker's ``frames`` and ``detectio
 reads ``joined`` as it goes and samples the worker's ``/streamapp/stats/`` for its pending state.
 It ends when the worker has consumed every record, holds nothing pending and every frame is out
 (then reads one more second, to catch a duplicate). The judge compares the outcome with what the
-join's own decision predicts for the same records (``streamapp.tools.replay.transforms.predict``), frame by frame.
+join's own decision predicts for the same records (``streamapp.tools.replay.predict``), frame by
+frame.
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ import time
 import uuid
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from streamapp import wire
-
-from streamapp.tools.replay.predict import Prediction
-from streamapp.tools.replay.publish import ReplayTarget, Sent, publish
-from streamapp.tools.replay.transforms import side_of
+from streamapp.settings import Settings
+from streamapp.tools.harness import output_consumer
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.replay.format import Record
+from streamapp.tools.replay.predict import Prediction
+from streamapp.tools.replay.publish import ReplayTarget, Sent, publish
 from streamapp.tools.replay.scenario import ReplayPlan, Scenario
-from streamapp.settings import Settings
-from streamapp.topics import max_record_bytes, topic_names
+from streamapp.tools.replay.transforms import side_of
 from streamapp.tools.workers import Worker, wait_until
+from streamapp.topics import topic_names
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 # Scheduling slack on a loaded 2-core machine, added to every timing bound (never a pass on its own).
@@ -136,8 +137,7 @@ class JoinedReader:
     """Reads ``joined`` from its end at the start of the run."""
 
     def __init__(self, settings: Settings) -> None:
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                         max_partition_fetch_bytes=max_record_bytes(settings))
+        self.consumer = output_consumer(settings)
         self.topic = topic_names(settings)["joined"]
         self.outputs: list[Output] = []
 

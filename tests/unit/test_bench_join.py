@@ -6,10 +6,10 @@ from __future__ import annotations
 import cv2
 import pytest
 
-from streamapp.tools.bench.join import Cameras, Outputs, parse_join_key
+from streamapp.tools.bench.join import Outputs, parse_join_key
 from streamapp.tools.bench.join_report import (backlog_summary, build_report, describe_machine, draw_chart, lag_slope,
                                          markdown, max_sustained, step_summary)
-from streamapp.tools.bench.pairs import FRAME, RESULT, publish_order
+from streamapp.tools.bench.pairs import FRAME, RESULT, Cameras, publish_order
 from streamapp.tools.cli import main
 
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.cli import COMMANDS, build_parser, main
+from streamapp.tools.localkafka.processes import free_port
 
 
 def test_every_registered_command_is_in_the_parser():

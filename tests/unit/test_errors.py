@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from streamapp.tools.localkafka.processes import free_port
 from streamapp.errors import ExitCode, StreamappError
+from streamapp.tools.localkafka.processes import free_port
 
 
 def run_cli(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:

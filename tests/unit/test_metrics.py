@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
 from streamapp.samples import Histogram, family_of, parse_sample, sample_name
-from streamapp.worker.metrics import HELP, STANDARD_FAMILIES, Metrics, consumer_gauges, faust_monitor, peak_rss_bytes
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
+from streamapp.worker.metrics import HELP, STANDARD_FAMILIES, Metrics, consumer_gauges, faust_monitor, peak_rss_bytes
 
 def parse(text: str) -> dict:
     return {family.name: family for family in text_string_to_metric_families(text)}

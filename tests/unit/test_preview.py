@@ -1,8 +1,8 @@
 """The preview's frame store: newest frame per stream, bounded in bytes, evictions counted."""
 
 from streamapp.previewframes import LatestFrames
-from streamapp.worker.preview import main_counters
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
+from streamapp.worker.preview import main_counters
 
 
 def joined(stream: str, index: int, boxes: int = 1, epoch: int = 1) -> Joined:

@@ -12,13 +12,13 @@ import pytest
 
 from streamapp import wire
 
-from streamapp.tools.replay.predict import predict
-from streamapp.tools.replay.publish import ReplayTarget, _PartitionCounts
-from streamapp.tools.replay.transforms import ReplayError, frame_id, interleave, parse_transform, side_of
+from streamapp.settings import Settings
 from streamapp.tools.cli import main
 from streamapp.tools.replay.format import Record, RecordingWriter
+from streamapp.tools.replay.predict import predict
+from streamapp.tools.replay.publish import ReplayTarget, _PartitionCounts
 from streamapp.tools.replay.scenario import ReplayPlan, Scenario
-from streamapp.settings import Settings
+from streamapp.tools.replay.transforms import ReplayError, frame_id, interleave, parse_transform, side_of
 
 SCENARIOS = Path(__file__).parents[1] / "replay" / "scenarios"
 START = 1_800_000_000_000

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from streamapp.agents.source import COLOURS, Pacer, SourceError, SyntheticScene, synthetic_frames, video_file_frames
-from streamapp.wire import new_epoch
 from streamapp.groundtruth import iou
 from streamapp.imaging import decode_frame
+from streamapp.wire import new_epoch
 
 NOW_MS = 1_700_000_000_000
 

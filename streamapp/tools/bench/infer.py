@@ -21,14 +21,14 @@ from streamapp import assets
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
 from streamapp.agents.source import video_file_frames
-from streamapp.wire import new_epoch
+from streamapp.settings import Settings
 from streamapp.tools.arguments import count_arg
-from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.harness import own_broker
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher
-from streamapp.settings import Settings
-from streamapp.topics import ensure_topics
 from streamapp.tools.workers import Worker, wait_until
+from streamapp.topics import ensure_topics
+from streamapp.wire import new_epoch
 
 HELP = "YOLOv3-tiny per frame in process, and frames/s of infer workers through a backlog"
 DETECTOR_FRAMES = 60  # frames timed in process per input size
@@ -55,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
               for frame in itertools.islice(video_file_frames(video, "bench", 1), DETECTOR_FRAMES)]
     for size in args.inputs:
         report["per_frame_ms"][size] = round(_detector_ms(YoloDetector(input_size=size), scaled), 1)
-    broker = LocalBroker(Path(tempfile.mkdtemp(prefix="broker-", dir=args.out)), free_port())
-    broker.start(timeout=120)
+    broker = own_broker(Path(tempfile.mkdtemp(prefix="broker-", dir=args.out)))
     try:
         for size, workers in itertools.product(args.inputs, args.workers):
             settings = base.replace(broker=f"kafka://{broker.bootstrap}", detector="yolo", yolo_input=size,
@@ -118,7 +117,6 @@ def _counter(worker: Worker, counter: str) -> int:
 
 async def _publish(settings: Settings, video: Path, frames: int) -> int:
     async with FramePublisher(settings) as publisher:
-        for frame in video_file_frames(video, "bench", new_epoch(), max_frames=frames):
-            await publisher.publish(frame)
-        await publisher.flush()
+        frames_of = video_file_frames(video, "bench", new_epoch(), max_frames=frames)
+        await publisher.play([((frame, None) for frame in frames_of)], None)
         return publisher.published

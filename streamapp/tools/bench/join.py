@@ -32,21 +32,18 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from aiokafka import AIOKafkaConsumer
-
 from streamapp import wire
-from streamapp.wire import new_epoch
+from streamapp.settings import Settings
 from streamapp.tools.bench import copy, join_report, kstreams
-from streamapp.tools.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
-                                   load_producer, pace, publish_order)
+from streamapp.tools.bench.pairs import RESULT_LAG, Cameras, PairLoad, create_plain_topics, load_producer
 from streamapp.tools.bench.sampler import cpu_seconds_of, rss_of
-from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.harness import follow, own_broker
 from streamapp.tools.localkafka.common import KAFKA_VERSION
 from streamapp.tools.localkafka.jars import check_java
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.settings import Settings
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.tools.workers import Process, Worker, wait_until
+from streamapp.topics import ensure_topics, topic_names
+from streamapp.wire import new_epoch
 
 SAMPLE_INTERVAL_S = 0.5
 READY_TIMEOUT_S = 120.0
@@ -76,19 +73,6 @@ class JoinBenchOptions:
     height: int = 480
     out: Path = Path("out/bench-join")
     drain_timeout_s: float = 300.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Cameras:
-    """Pair ``i`` is frame ``i // count`` of camera ``cam<i % count>``: the cameras share the rate."""
-
-    count: int
-
-    def frame_id(self, epoch: int, pair: int) -> wire.FrameId:
-        return wire.FrameId(f"cam{pair % self.count}", epoch, pair // self.count)
-
-    def pair_of(self, stream: str, index: int) -> int:
-        return index * self.count + int(stream.removeprefix("cam"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,63 +258,14 @@ SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStr
 # the load, the reader, the sampler
 
 
-class PairLoad:
-    """Publishes pairs into one system's input topics: each frame, then ``RESULT_LAG`` frames
-    later its result, both with the frame's capture time as the Kafka timestamp."""
-
-    def __init__(self, producer, topics: Topics, key_of: Callable[[wire.FrameId], bytes],
-                 options: JoinBenchOptions) -> None:
-        self.producer = producer
-        self.topics = topics
-        self.key_of = key_of
-        self.size = (options.width, options.height)
-        self.jpegs = encoded_frames(*self.size)
-        self.epoch = new_epoch()
-        self.cameras = Cameras(options.streams)
-        self.result_sent_at: dict[int, float] = {}
-        self.published = 0      # pairs whose result is out
-        self.next_index = 0
-        self.frame_record_bytes = 0
-
-    async def publish(self, count: int, rate: float, capture_ms: Callable[[int], int] | None = None) -> float:
-        """``count`` more pairs at ``rate`` per second (0: as fast as the broker takes them),
-        captured at ``capture_ms(index)`` (default: now). Returns the seconds it took."""
-        width, height = self.size
-        start, started = self.next_index, time.monotonic()
-        captured: dict[int, int] = {}
-        for kind, index in publish_order(start, count):
-            frame_id = self.cameras.frame_id(self.epoch, index)
-            if kind == FRAME:
-                await pace(rate, index - start, started)
-                stamp = captured[index] = capture_ms(index) if capture_ms else int(time.time() * 1000)
-                value = wire.encode_frame(wire.Frame(frame_id, stamp, width, height, self.jpegs[index % len(self.jpegs)]))
-                self.frame_record_bytes = len(value)
-                await self.producer.send(self.topics.frames, value, key=self.key_of(frame_id), timestamp_ms=stamp)
-            else:
-                await self.producer.send(self.topics.results, wire.encode_detections(detections_for(frame_id, width, height)),
-                                         key=self.key_of(frame_id), timestamp_ms=captured.pop(index))
-                self.result_sent_at[index] = time.time()
-                self.published += 1
-        await self.producer.flush()
-        self.next_index = start + count
-        return time.monotonic() - started
-
-
 async def read_outputs(settings: Settings, system: System, topic: str, outputs: Outputs) -> None:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest",
-                                enable_auto_commit=False, max_partition_fetch_bytes=max_record_bytes(settings))
-    await consumer.start()
-    try:
-        while True:
-            batches = await consumer.getmany(timeout_ms=200)
-            now = time.time()
-            for records in batches.values():
-                for record in records:
-                    system.tally(outputs, record, now)
-            if batches:
-                outputs.last_at = time.monotonic()
-    finally:
-        await consumer.stop()
+    def tally(records: list) -> None:
+        now = time.time()
+        for record in records:
+            system.tally(outputs, record, now)
+        outputs.last_at = time.monotonic()
+
+    await follow(settings, topic, tally, poll_ms=200)
 
 
 class Sampler:
@@ -438,7 +373,9 @@ class Bench:
             return running[0]
 
         try:
-            yield topics, PairLoad(producer, topics, system.key_of, self.options), start
+            load = PairLoad(producer, topics.frames, topics.results, system.key_of,
+                            (self.options.width, self.options.height), Cameras(self.options.streams))
+            yield topics, load, start
         finally:
             for process in running:
                 await asyncio.to_thread(process.stop)
@@ -532,8 +469,7 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
     machine_at_start = join_report.describe_machine()
     systems: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-join-") as scratch:
-        broker = LocalBroker(Path(scratch) / "broker", free_port(), notify=notify)
-        broker.start(timeout=120)
+        broker = own_broker(Path(scratch) / "broker", notify=notify)
         try:
             settings = Settings.from_env().replace(broker=f"kafka://{broker.bootstrap}", join_ttl_s=options.ttl_s)
             bench = Bench(options, settings, Path(scratch), log_dir)

@@ -8,8 +8,8 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamapp.tools.bench.plot import line_chart
 from streamapp.settings import Settings
+from streamapp.tools.bench.plot import line_chart
 
 if TYPE_CHECKING:
     from streamapp.tools.bench.soak_state import Progress, SoakOptions

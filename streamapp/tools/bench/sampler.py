@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.settings import Settings
-from streamapp.topics import changelog_name, topic_names
+from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.workers import Worker
+from streamapp.topics import changelog_name, topic_names
 
 if TYPE_CHECKING:
     from streamapp.tools.bench.naive import NaiveJoin

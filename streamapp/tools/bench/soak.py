@@ -21,21 +21,18 @@ import shutil
 import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
-
 from streamapp import wire
-from streamapp.wire import new_epoch
+from streamapp.settings import Settings
 from streamapp.tools.bench.naive import NaiveJoin, naive_topic
-from streamapp.tools.bench.pairs import (FRAME, create_plain_topics, detections_for, encoded_frames,
-                                   load_producer, pace, publish_order)
+from streamapp.tools.bench.pairs import Cameras, PairLoad, create_plain_topics, load_producer
 from streamapp.tools.bench.report import build_report, draw_charts
 from streamapp.tools.bench.sampler import Sampler
 from streamapp.tools.bench.soak_state import STALL_AT, Progress, SoakOptions
-from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.harness import follow, output_consumer, own_broker
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.settings import Settings
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.tools.workers import Worker, wait_until
+from streamapp.topics import ensure_topics, topic_names
+from streamapp.wire import new_epoch
 
 
 # --------------------------------------------------------------------------------------------
@@ -48,11 +45,11 @@ def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
     scratch = [out / "broker", out / "data"]  # gigabytes after a long run; only the results stay
     _remove(scratch)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    broker = None if options.bootstrap else LocalBroker(out / "broker", free_port())
+    broker = None
     processes: list = []
     try:
-        if broker is not None:
-            broker.start(timeout=120)
+        if not options.bootstrap:
+            broker = own_broker(out / "broker")
         bootstrap = options.bootstrap or broker.bootstrap
         settings = (settings or Settings.from_env()).replace(
             broker=f"kafka://{bootstrap}", topic_prefix=f"soak-{new_epoch()}.", stages=("join",),
@@ -86,9 +83,16 @@ async def _create_topics(settings: Settings, options: SoakOptions) -> None:
 
 
 async def _drive(options: SoakOptions, settings: Settings, sampler: Sampler) -> Progress:
-    progress = Progress()
+    names = topic_names(settings)
+    producer = load_producer(settings)
+    await producer.start()
+    stall = StallWindow(int(options.pair_count * STALL_AT), options.stall_s if options.scenario == "stall" else 0)
+    load = PairLoad(producer, names["frames"], names["detections"],
+                    lambda frame_id: frame_id.bucket_key(settings.bucket_size), options.size, Cameras(1),
+                    withhold=stall.withholds)
+    progress = Progress(load)
     sampler.progress = progress
-    engines = {"ours": topic_names(settings)["joined"]}
+    engines = {"ours": names["joined"]}
     if options.baseline == "naive":
         engines["naive"] = naive_topic(settings)
     background = [asyncio.create_task(sampler.run())]
@@ -97,7 +101,10 @@ async def _drive(options: SoakOptions, settings: Settings, sampler: Sampler) -> 
     if options.scenario == "slow-sink":
         background.append(asyncio.create_task(_slow_sink(settings, options, progress)))
     try:
-        await _publish(options, settings, progress)
+        try:
+            await load.publish(options.pair_count, options.pair_rate)
+        finally:
+            progress.sending_done = progress.elapsed()
         deadline = time.monotonic() + options.drain_timeout_s
         while time.monotonic() < deadline and not _drained(progress, engines):
             await asyncio.sleep(0.5)
@@ -106,6 +113,7 @@ async def _drive(options: SoakOptions, settings: Settings, sampler: Sampler) -> 
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await producer.stop()
     return progress
 
 
@@ -119,36 +127,6 @@ def _drained(progress: Progress, engines: dict[str, str]) -> bool:
 
 # --------------------------------------------------------------------------------------------
 # the load
-
-
-async def _publish(options: SoakOptions, settings: Settings, progress: Progress) -> None:
-    width, height = options.size
-    jpegs = encoded_frames(width, height)
-    names = topic_names(settings)
-    epoch = new_epoch()
-    producer = load_producer(settings)
-    await producer.start()
-    stall = StallWindow(int(options.pair_count * STALL_AT), options.stall_s if options.scenario == "stall" else 0)
-    try:
-        for kind, index in publish_order(0, options.pair_count):
-            if kind == FRAME:
-                await pace(options.pair_rate, index, progress.started)
-                frame = wire.Frame(wire.FrameId("soak", epoch, index), int(time.time() * 1000),
-                                   width, height, jpegs[index % len(jpegs)])
-                value = wire.encode_frame(frame)
-                await producer.send(names["frames"], value, key=frame.id.bucket_key(settings.bucket_size))
-                progress.pairs_sent += 1
-                progress.frame_bytes += len(value)
-            elif not stall.withholds(index):
-                frame_id = wire.FrameId("soak", epoch, index)
-                await producer.send(names["detections"], wire.encode_detections(detections_for(frame_id, width, height)),
-                                    key=frame_id.bucket_key(settings.bucket_size))
-                progress.result_sent_at[index] = time.time()
-                progress.results_sent += 1
-        await producer.flush()
-    finally:
-        progress.sending_done = progress.elapsed()
-        await producer.stop()
 
 
 @dataclasses.dataclass
@@ -168,33 +146,26 @@ class StallWindow:
 
 
 async def _read_joined(settings: Settings, engine: str, topic: str, progress: Progress) -> None:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers,
-                                auto_offset_reset="earliest", enable_auto_commit=False,
-                                max_partition_fetch_bytes=max_record_bytes(settings))
-    await consumer.start()
-    try:
-        while True:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                now = time.time()
-                span = progress.output_span.setdefault(engine, [now, now])
-                span[1] = now
-                for record in records:
-                    joined = wire.decode_joined(record.value)
-                    progress.out[engine] += 1
-                    if joined.matched:
-                        progress.matched[engine] += 1
-                        sent = progress.result_sent_at.get(joined.frame.id.index)
-                        if sent is not None:
-                            progress.latencies[engine].append(now - sent)
-    finally:
-        await consumer.stop()
+    def count(records: list) -> None:
+        now = time.time()
+        span = progress.output_span.setdefault(engine, [now, now])
+        span[1] = now
+        for record in records:
+            joined = wire.decode_joined(record.value)
+            progress.out[engine] += 1
+            if joined.matched:
+                progress.matched[engine] += 1
+                sent = progress.result_sent_at.get(joined.frame.id.index)
+                if sent is not None:
+                    progress.latencies[engine].append(now - sent)
+
+    await follow(settings, topic, count)
 
 
 async def _slow_sink(settings: Settings, options: SoakOptions, progress: Progress) -> None:
     """A consumer group of ``joined`` that reads a third of the input rate (at least 1/s)."""
-    consumer = AIOKafkaConsumer(topic_names(settings)["joined"], bootstrap_servers=settings.bootstrap_servers,
-                                group_id=f"{settings.topic_prefix}slow-sink", auto_offset_reset="earliest",
-                                max_partition_fetch_bytes=max_record_bytes(settings), max_poll_records=16)
+    consumer = output_consumer(settings, topic_names(settings)["joined"], group_id=f"{settings.topic_prefix}slow-sink",
+                               enable_auto_commit=True, max_poll_records=16)
     rate = max(1.0, (options.pair_rate or 1000.0) / 3)
     await consumer.start()
     try:

@@ -6,6 +6,8 @@ import dataclasses
 import time
 from pathlib import Path
 
+from streamapp.tools.bench.pairs import PairLoad
+
 SIZE_4K = (3840, 2160)
 # A 4K JPEG is ~25x a 640x480 one: the 4k scenario sends a 50th of the pairs at a 25th of the rate.
 PAIRS_SCALE_4K = 50
@@ -43,13 +45,11 @@ class SoakOptions:
 
 @dataclasses.dataclass
 class Progress:
-    """What the load has done so far, shared by the load, the readers and the sampler."""
+    """What the load has done so far (its counters are the load's own), shared by the load, the
+    readers and the sampler."""
 
+    load: PairLoad
     started: float = dataclasses.field(default_factory=time.monotonic)
-    pairs_sent: int = 0
-    results_sent: int = 0
-    frame_bytes: int = 0
-    result_sent_at: dict[int, float] = dataclasses.field(default_factory=dict)
     sending_done: float | None = None
     out: dict[str, int] = dataclasses.field(default_factory=lambda: {"ours": 0, "naive": 0})
     matched: dict[str, int] = dataclasses.field(default_factory=lambda: {"ours": 0, "naive": 0})
@@ -64,3 +64,19 @@ class Progress:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    @property
+    def pairs_sent(self) -> int:
+        return self.load.frames_sent
+
+    @property
+    def results_sent(self) -> int:
+        return self.load.published
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.load.frame_bytes
+
+    @property
+    def result_sent_at(self) -> dict[int, float]:
+        return self.load.result_sent_at

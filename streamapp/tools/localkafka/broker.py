@@ -19,9 +19,8 @@ from streamapp.tools.localkafka.common import (DEFAULT_MAX_MESSAGE_BYTES, DEFAUL
 from streamapp.tools.localkafka.jars import check_java, ensure_jars, packaged
 from streamapp.tools.localkafka.processes import (answers_metadata, cmdline_of, free_port, last_error_line,
                                                   new_cluster_id, pid_alive, port_in_use, read_properties, run_async)
+
 log = logging.getLogger(__name__)
-
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from streamapp.errors import ExitCode, StreamappError
+
 KAFKA_VERSION = "4.1.1"
 MIN_JAVA = 17
 DEFAULT_PORT = 9092

@@ -14,9 +14,8 @@ from pathlib import Path
 from streamapp.filelock import file_lock
 from streamapp.tools.localkafka.common import KAFKA_VERSION, MIN_JAVA, BrokerError, JavaNotFound, MavenNotFound, Notify
 from streamapp.tools.localkafka.locations import kafka_home
+
 log = logging.getLogger(__name__)
-
-
 
 
 def parse_java_version(text: str) -> int:

@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 from streamapp.tools.localkafka.common import DEFAULT_PORT, KAFKA_VERSION
+
+
 def kafka_home() -> Path:
     """Where the Kafka jars are cached: ``$STREAMAPP_KAFKA_HOME`` or the user's cache directory."""
     if os.environ.get("STREAMAPP_KAFKA_HOME"):

@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 
 from streamapp.tools.localkafka.common import BrokerError
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """True when something listens on (or holds) ``host:port``, so a broker could not bind it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -15,8 +15,8 @@ from aiokafka.partitioner import murmur2
 from streamapp import wire
 from streamapp.connect import start_client
 from streamapp.settings import Settings
-from streamapp.topics import max_record_bytes
 from streamapp.tools.replay.format import Record, RecordingError, RecordingWriter
+from streamapp.topics import max_record_bytes
 
 # --- recording topics -------------------------------------------------------------------------
 

@@ -9,18 +9,18 @@ import json
 import time
 from pathlib import Path
 
-from streamapp.tools.replay.predict import predict
-from streamapp.tools.replay.publish import publish
-from streamapp.tools.replay.transforms import SPEC_HELP
-from streamapp.tools.arguments import count_arg, fps_arg, resolution_arg
 from streamapp.errors import UsageError
-from streamapp.tools.replay.scenario import ReplayPlan, Scenario
+from streamapp.settings import Settings
+from streamapp.tools.arguments import count_arg, fps_arg, resolution_arg
 from streamapp.tools.replay.capture import RecordLimits, record_topics, synthetic_records
 from streamapp.tools.replay.format import RecordingWriter
-from streamapp.settings import Settings
-from streamapp.wire import parse_stream_id
+from streamapp.tools.replay.predict import predict
+from streamapp.tools.replay.publish import publish
+from streamapp.tools.replay.scenario import ReplayPlan, Scenario
+from streamapp.tools.replay.transforms import SPEC_HELP
 from streamapp.topics import topic_names
 from streamapp.units import UnitError, parse_duration
+from streamapp.wire import parse_stream_id
 
 # Where synthetic recordings start; fixed, so that a regenerated recording has the same keys.
 SYNTHETIC_START_MS = 1_800_000_000_000

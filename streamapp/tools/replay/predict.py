@@ -9,9 +9,9 @@ from aiokafka.partitioner import murmur2
 
 from streamapp import wire
 from streamapp.agents.join import Joiner
-from streamapp.tools.replay.format import Record
 from streamapp.settings import Settings
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
+from streamapp.tools.replay.format import Record
 from streamapp.tools.replay.transforms import side_of
 
 _END_OF_TIME = 2**62

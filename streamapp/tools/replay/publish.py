@@ -11,10 +11,11 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp.connect import start_client
 from streamapp.settings import Settings
+from streamapp.tools.publisher import producer_config
 from streamapp.tools.replay.format import Record, Recording
 from streamapp.tools.replay.transforms import Records, ReplayError, frame_id, interleave, side_of
-from streamapp.topics import max_record_bytes
 from streamapp.wire import new_epoch
+
 
 @dataclasses.dataclass(frozen=True)
 class Sent:
@@ -48,10 +49,7 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
     record happens now: the join sees the recorded event times, and retention counts from the
     replay, not from when they were recorded.
     """
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
-                                max_request_size=max_record_bytes(settings),
-                                max_batch_size=min(max_record_bytes(settings), 1024**2),
-                                linger_ms=2, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(**producer_config(settings))
     await start_client(producer, settings.bootstrap_servers)
     try:
         counts = _PartitionCounts(producer, target)

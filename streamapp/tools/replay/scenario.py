@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from streamapp.settings import Settings
 from streamapp.tools.replay.publish import ReplayTarget, epoch_offset_to_now, open_recordings
 from streamapp.tools.replay.transforms import ReplayError, ShiftEpochs, apply, parse_transform
-from streamapp.settings import Settings
 
 
 class ReplayPlan:
