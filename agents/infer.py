@@ -23,8 +23,8 @@ import numpy as np
 
 from streamapp import assets, wire
 from streamapp.errors import UsageError
-from streamapp.samples import INFER_LATENCY_BOUNDS
 from streamapp.imaging import CorruptFrame, decode_frame
+from streamapp.samples import INFER_LATENCY_BOUNDS
 from streamapp.settings import Settings
 from streamapp.wire import Box, Detections, Frame, FrameId
 

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 import cv2
 import numpy as np
 
-from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp import wire
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of
+from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp.outputs import (SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir,
                                video_segments)
 from streamapp.previewframes import LatestFrames
