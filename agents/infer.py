@@ -16,17 +16,20 @@ import dataclasses
 import importlib
 import math
 import time
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import cv2
 import numpy as np
 
 from streamapp import assets, wire
 from streamapp.errors import UsageError
-from streamapp.metrics import INFER_LATENCY_BOUNDS
 from streamapp.imaging import CorruptFrame, decode_frame
+from streamapp.samples import INFER_LATENCY_BOUNDS
 from streamapp.settings import Settings
 from streamapp.wire import Box, Detections, Frame, FrameId
+
+if TYPE_CHECKING:
+    from streamapp.worker.stage import Stage
 
 
 class BoxLike(Protocol):
@@ -383,7 +386,7 @@ def _clip_span(start: float, end: float, limit: int) -> tuple[int, int]:
 BATCH_WAIT_S = 0.01
 
 
-def register(stage) -> None:
+def register(stage: Stage) -> None:
     """Faust agent: ``frames.scaled`` -> ``detections``, detection on the pixel thread.
 
     The agent takes what is buffered, up to ``STREAMAPP_INFER_BATCH`` frames, so a detector that

@@ -21,16 +21,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Iterable, Optional, Protocol
+from typing import TYPE_CHECKING, Iterable, Optional, Protocol
 
 from faust.types import TP
 
 from streamapp import wire
 from streamapp.jpeg import CorruptFrame, check_jpeg
-from streamapp.metrics import JOIN_LATENCY_BOUNDS, Histogram
+from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
 from streamapp.wire import Detections, Frame, Joined
+
+if TYPE_CHECKING:
+    from streamapp.worker.stage import Stage
 
 
 # Records the agent decides at once at most; bytes per batch are the memory plan's (Stage.batch_bytes).
@@ -180,7 +183,7 @@ class InStep:
         return {"join_input_partitions_paused": len(self.paused), "join_input_pauses_total": self.pauses}
 
 
-def register(stage) -> None:
+def register(stage: Stage) -> None:
     """The Faust side: one agent over frames + detections taking batches, and the sweep timer."""
     from streamapp.batches import take_batches
     from streamapp.tables.disk import DiskGuard

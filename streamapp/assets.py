@@ -25,8 +25,8 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-from streamapp.broker import file_lock
 from streamapp.errors import StreamappError
+from streamapp.filelock import file_lock
 
 log = logging.getLogger(__name__)
 Notify = Callable[[str], None]

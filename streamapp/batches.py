@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 
 from faust.types import EventT, StreamT
 
-from streamapp.budget import event_bytes
+from streamapp.units import event_bytes
 
 
 async def take_batches(stream: StreamT, *, max_bytes: int, max_events: int, linger_s: float = 0.005,

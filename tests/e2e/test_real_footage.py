@@ -15,17 +15,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from joined_reader import read_joined
 
 from streamapp import wire
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
-from streamapp.agents.source import new_epoch, video_file_frames
-from streamapp.broker import free_port
-from streamapp.publisher import FramePublisher
-from streamapp.settings import STAGES, Settings
-from streamapp.topics import ensure_topics
-from streamapp.workers import Worker, wait_until
+from streamapp.agents.source import video_file_frames
+from streamapp.settings import Settings
+from streamapp.tools.harness import Pipeline, read_joined_until
+from streamapp.tools.publisher import FramePublisher
+from streamapp.wire import new_epoch
 
 pytestmark = pytest.mark.e2e
 
@@ -50,12 +48,10 @@ class Run:
 
 
 async def publish(settings: Settings, video: Path, epoch: int) -> list[wire.FrameId]:
+    published: list[wire.FrameId] = []
     async with FramePublisher(settings) as publisher:
-        published = []
-        for frame in video_file_frames(video, "vtest", epoch):
-            await publisher.publish(frame)
-            published.append(frame.id)
-        await publisher.flush()
+        await publisher.play([((frame, None) for frame in video_file_frames(video, "vtest", epoch))], None,
+                             on_frame=lambda frame, _: published.append(frame.id))
     return published
 
 
@@ -73,28 +69,25 @@ def settings(kafka_bootstrap):
 @pytest.fixture(scope="module")
 def runs(settings, sample_videos, model_files, tmp_path_factory):
     root = tmp_path_factory.mktemp("real-footage")
-    asyncio.run(ensure_topics(settings))
-    workers = []
+    pipeline = Pipeline(settings.replace(out_dir=root / "out"), root, restart_logs=False)
     try:
-        for stage in STAGES:
-            workers.append(Worker(stage, settings.replace(stages=(stage,), web_port=free_port(),
-                                                          data_dir=root / f"data-{stage}", out_dir=root / "out"),
-                                  root))
-        wait_until(lambda: all(worker.ready() for worker in workers), 150, "4 workers to start")
+        pipeline.start_all(timeout_s=150)
+        workers = list(pipeline.workers.values())
         runs = []
         for _ in range(RUNS):
             epoch = new_epoch()
             published = asyncio.run(publish(settings, sample_videos["vtest.avi"], epoch))
             # `joined` holds the earlier runs too: read until this one is complete as well.
-            joined = asyncio.run(read_joined(settings, len(published) * (len(runs) + 1), 900, keep=boxes_of))
+            joined: list = []
+            asyncio.run(read_joined_until(settings, len(published) * (len(runs) + 1), 900,
+                                          lambda record: joined.append(boxes_of(record))))
             stats = {worker.stage: worker.stats() for worker in workers}
             runs.append(Run(epoch, published, [item for item in joined if item[0].epoch == epoch],
                             {stage: int(values["process_peak_resident_memory_bytes"])
                              for stage, values in stats.items()}, stats["infer"]))
         yield runs
     finally:
-        for worker in workers:
-            worker.stop()
+        pipeline.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,18 +17,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from joined_reader import read_joined
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
-from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.broker import free_port
-from streamapp.metrics import sample_name
-from streamapp.publisher import FramePublisher, interleave
+from streamapp.outputs import frame_path
+from streamapp.samples import sample_name
 from streamapp.settings import STAGES, Settings
+from streamapp.tools.harness import read_joined_until, synthetic_streams
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.publisher import FramePublisher
+from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, topic_names
-from streamapp.workers import Worker
+from streamapp.wire import new_epoch
 
 pytestmark = pytest.mark.e2e
 
@@ -60,15 +60,10 @@ def shared_evenly(workers: list[Worker], partitions: int) -> bool:
 
 
 async def publish(settings: Settings) -> set[wire.FrameId]:
-    epoch = new_epoch()
-    streams = [synthetic_frames(f"cam{number}", epoch, FRAMES, 160, 120, seed=number)
-               for number in range(1, STREAMS + 1)]
+    produced: set[wire.FrameId] = set()
     async with FramePublisher(settings) as publisher:
-        produced = set()
-        for frame, _ in interleave(streams):
-            await publisher.publish(frame)
-            produced.add(frame.id)
-        await publisher.flush()
+        await publisher.play(synthetic_streams(STREAMS, 160, 120, frames=FRAMES, fps=15.0, epoch=new_epoch()), None,
+                             on_frame=lambda frame, truth: produced.add(frame.id))
     return produced
 
 
@@ -106,7 +101,9 @@ def run(kafka_bootstrap, tmp_path_factory):
         wait_for(lambda: shared_evenly(workers, base.partitions), 90,
                  "each stage's partitions to be split between its two workers")
         produced = asyncio.run(publish(base))
-        yield Run(root, workers, produced, Counter(asyncio.run(read_joined(base, len(produced), 120, keep=lambda joined: joined.frame.id))))
+        seen: Counter = Counter()
+        asyncio.run(read_joined_until(base, len(produced), 120, lambda joined: seen.update([joined.frame.id])))
+        yield Run(root, workers, produced, seen)
     finally:
         for worker in workers:
             worker.stop()
@@ -147,5 +144,5 @@ def test_both_workers_of_every_stage_did_part_of_the_work(run):
 def test_every_metric_a_worker_exposes_has_help(run):
     for worker in run.workers:
         undocumented = {name for name, family in metric_families(worker).items() if not family.documentation}
-        assert not undocumented, f"{worker.stage}: metrics without help in streamapp.metrics.HELP " \
+        assert not undocumented, f"{worker.stage}: metrics without help in streamapp.worker.metrics.HELP " \
                                  f"(and docs/operations.md): {sorted(undocumented)}"

@@ -1,4 +1,5 @@
-"""Publishing helper shared by the integration tests that drive workers with synthetic frames."""
+"""Frame/result pairs on a schedule, for the integration tests that drive a join worker with both sides
+(frames alone come from streamapp.tools.harness.publish_frames)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,11 @@ import time
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.publisher import FramePublisher
+from streamapp.agents.source import synthetic_frames
 from streamapp.settings import Settings
-from streamapp.topics import max_record_bytes, topic_names
-
-
-async def publish_frames(settings: Settings, stream: str, count: int, *, seed: int) -> list[wire.FrameId]:
-    """Publish ``count`` small synthetic frames of a new epoch of ``stream``; return their ids."""
-    frames = [frame for frame, _ in synthetic_frames(stream, new_epoch(), count, 160, 120, seed=seed)]
-    async with FramePublisher(settings) as publisher:
-        for frame in frames:
-            await publisher.publish(frame)
-        await publisher.flush()
-    return [frame.id for frame in frames]
+from streamapp.tools.publisher import producer_config
+from streamapp.topics import topic_names
+from streamapp.wire import new_epoch
 
 
 def pair_records(stream: str, count: int, *, start_ms: int, fps: float = 15.0, images: int = 8,
@@ -54,15 +46,14 @@ async def send_pairs(settings: Settings, pairs, *, results: str = "beside", rate
         if results != "none":
             schedule.append((at_s if results == "beside" else len(pairs) / (rate or math.inf), "detections",
                              key, result_value, timestamp))
-    await send_at(settings, schedule, linger_ms=5)
+    await send_at(settings, schedule)
 
 
-async def send_at(settings: Settings, schedule, *, linger_ms: int = 0) -> None:
+async def send_at(settings: Settings, schedule) -> None:
     """Publish ``(seconds from now, "frames" | "detections", key, value, timestamp_ms)`` records,
     each at its time (in the order given where times are equal)."""
     names = topic_names(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, linger_ms=linger_ms,
-                                max_request_size=max_record_bytes(settings), max_batch_size=1024**2)
+    producer = AIOKafkaProducer(**producer_config(settings))
     await producer.start()
     try:
         started = time.monotonic()

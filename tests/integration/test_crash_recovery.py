@@ -6,12 +6,11 @@ import asyncio
 
 import pytest
 
-from streamapp.agents.sink import frame_path
-from streamapp.chaos import ChaosOptions, Pipeline, read_joined, run_chaos, wait_for
+from streamapp.outputs import frame_path
 from streamapp.settings import Settings
-from streamapp.topics import ensure_topics
+from streamapp.tools.chaos import ChaosOptions, run_chaos
+from streamapp.tools.harness import Pipeline, publish_frames, read_joined, wait_for
 
-from publishing import publish_frames
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -42,12 +41,9 @@ def join_and_sink(kafka_bootstrap, tmp_path, unique_topic):
     settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"{unique_topic}.", partitions=2,
                         join_ttl_s=20.0, sweep_interval_s=0.5, done_marker_ttl_s=30.0,
                         out_dir=tmp_path / "out")
-    asyncio.run(ensure_topics(settings.replace(stages=("join",))))
     pipeline = Pipeline(settings, tmp_path)
-    for stage in ("join", "sink"):
-        pipeline.start(stage)
     try:
-        assert asyncio.run(wait_for(lambda: all(w.ready() for w in pipeline.workers.values()), 120)) is not None
+        pipeline.start_all(("join", "sink"))
         yield settings, pipeline
     finally:
         pipeline.stop()

@@ -8,15 +8,13 @@ import shutil
 import pytest
 import rocksdict
 
-from streamapp.agents.sink import frame_path, video_segments
-from streamapp.chaos import Pipeline, read_joined, wait_for
+from streamapp.outputs import frame_path, video_segments
 from streamapp.settings import Settings
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.store import EXPIRY_FAMILY
-from streamapp.topics import ensure_topics
+from streamapp.tools.harness import Pipeline, publish_frames, read_joined, wait_for
 
 from conftest import fill_disk
-from publishing import publish_frames
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -53,14 +51,11 @@ def test_a_full_disk_pauses_the_join_and_the_sink_until_space_returns(kafka_boot
                         join_ttl_s=2.0, sweep_interval_s=0.5, done_marker_ttl_s=300.0,
                         max_frame_bytes=1 * MIB, memory_budget_bytes=64 * MIB,
                         disk_reserve_bytes=8 * MIB, sink_disk_budget_bytes=48 * MIB, out_dir=out_disk / "out")
-    asyncio.run(ensure_topics(settings.replace(stages=("join",))))
     pipeline = OnSmallDisk(settings, tmp_path, data_disk)
     join, sink = (lambda: _stats(pipeline, "join")), (lambda: _stats(pipeline, "sink"))
     ids = []
     try:
-        for stage in ("join", "sink"):
-            pipeline.start(stage)
-        assert _waited(lambda: all(worker.ready() for worker in pipeline.workers.values()), 120)
+        pipeline.start_all(("join", "sink"))
 
         # Running normally: frames without results leave the join unmatched and reach the sink.
         ids += asyncio.run(publish_frames(settings, "cam", BATCH, seed=1))

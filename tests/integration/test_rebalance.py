@@ -13,15 +13,16 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
-from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.broker import free_port
-from streamapp.chaos import processed, read_joined, wait_for
-from streamapp.publisher import FramePublisher
+from streamapp.agents.source import synthetic_frames
+from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.tools.harness import processed, read_joined, wait_for
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.publisher import FramePublisher, producer_config
+from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, topic_names
+from streamapp.wire import new_epoch
 from streamapp.wire import Detections
-from streamapp.workers import Worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -47,7 +48,7 @@ def _worker(settings: Settings, stage: str, name: str, root) -> Worker:
 async def _publish(settings: Settings, stream: str) -> list[wire.FrameId]:
     """Frames, and a result for every even index: odd frames must expire unmatched."""
     frames = [frame for frame, _ in synthetic_frames(stream, new_epoch(), FRAMES_PER_PHASE, 160, 120, seed=2)]
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all")
+    producer = AIOKafkaProducer(**producer_config(settings))
     await producer.start()
     try:
         async with FramePublisher(settings) as publisher:

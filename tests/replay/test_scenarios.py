@@ -13,8 +13,8 @@ import pytest
 
 from harness import (SCENARIOS, SLACK_S, expected_counts, join_settings, judge_outputs, most_sent_within,
                      plan_for, run_scenario, start_join, to_pipeline, unmatched_departures)
-from streamapp import replay
-from streamapp.scenario import Scenario
+from streamapp.tools.replay.predict import predict
+from streamapp.tools.replay.scenario import Scenario
 
 pytestmark = pytest.mark.replay
 
@@ -38,7 +38,7 @@ def test_scenario(path, join_worker):
     assert scenario.settings(settings) == settings, "the scenario needs a join with other settings"
     plan = plan_for(scenario, settings)
     records = list(to_pipeline(plan.records(), settings))
-    prediction = replay.predict(records, settings, speed=plan.speed)
+    prediction = predict(records, settings, speed=plan.speed)
 
     outcome = asyncio.run(run_scenario(worker, settings, records, plan.speed, prediction))
     print("\n" + outcome.line(scenario.name))

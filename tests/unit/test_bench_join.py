@@ -6,11 +6,11 @@ from __future__ import annotations
 import cv2
 import pytest
 
-from streamapp.bench.join import Cameras, Outputs, parse_join_key
-from streamapp.bench.join_report import (backlog_summary, build_report, describe_machine, draw_chart, lag_slope,
+from streamapp.tools.bench.join import Outputs, parse_join_key
+from streamapp.tools.bench.join_report import (backlog_summary, build_report, describe_machine, draw_chart, lag_slope,
                                          markdown, max_sustained, step_summary)
-from streamapp.bench.pairs import FRAME, RESULT, publish_order
-from streamapp.cli import main
+from streamapp.tools.bench.pairs import FRAME, RESULT, Cameras, publish_order
+from streamapp.tools.cli import main
 
 
 @pytest.mark.parametrize("argv, reason", [

@@ -7,21 +7,12 @@ import pytest
 
 from streamapp.agents.infer import ColorContourDetector, infer_frame
 from streamapp.agents.resize import resize_frame
-from streamapp.agents.sink import (
-    FrameFileSink,
-    StreamRetention,
-    VideoAssembler,
-    VideoAssemblers,
-    annotate,
-    contact_sheet,
-    frame_path,
-    label_colour,
-    save_contact_sheet,
-    video_segments,
-)
-from streamapp.diskspace import DiskFull
+from streamapp.agents.sink import (FrameFileSink, StreamRetention, VideoAssembler, VideoAssemblers, annotate,
+                                   contact_sheet, label_colour, save_contact_sheet)
 from streamapp.agents.source import SyntheticScene, to_frame
+from streamapp.diskspace import DiskFull
 from streamapp.imaging import CorruptFrame, decode_jpeg
+from streamapp.outputs import frame_path, video_segments
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 NOW_MS = 1_700_000_000_000
