@@ -16,15 +16,16 @@ import dataclasses
 import importlib
 import math
 import time
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import cv2
 import numpy as np
 
 from streamapp import assets, wire
 from streamapp.errors import UsageError
-from streamapp.metrics import INFER_LATENCY_BOUNDS
 from streamapp.imaging import CorruptFrame, decode_frame
+from streamapp.metrics import INFER_LATENCY_BOUNDS
 from streamapp.settings import Settings
 from streamapp.wire import Box, Detections, Frame, FrameId
 
@@ -202,7 +203,7 @@ class YoloDetector:
         self._outputs = self._net.getUnconnectedOutLayersNames()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "YoloDetector":
+    def from_settings(cls, settings: Settings) -> YoloDetector:
         return cls(input_size=settings.yolo_input, confidence=settings.yolo_confidence,
                    nms=settings.yolo_nms, classes=settings.yolo_classes)
 

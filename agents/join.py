@@ -22,7 +22,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Iterable, Optional, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 from faust.types import TP
 
@@ -40,7 +41,7 @@ MAX_BATCH_EVENTS = 1000
 
 
 class JoinState(Protocol):
-    def get(self, key: bytes) -> Optional[Entry]: ...
+    def get(self, key: bytes) -> Entry | None: ...
 
     def put(self, key: bytes, entry: Entry) -> None: ...
 
@@ -71,7 +72,7 @@ class Joiner:
     latency: Histogram = dataclasses.field(default_factory=lambda: Histogram(JOIN_LATENCY_BOUNDS))
 
     def arrive(self, state: JoinState, record: Frame | Detections, raw: bytes, *,
-               event_ms: int, now_ms: int) -> Optional[Joined]:
+               event_ms: int, now_ms: int) -> Joined | None:
         """One side arrives: wait for the other, complete the pair, or count why it is dropped."""
         side = EntryKind.FRAME if isinstance(record, Frame) else EntryKind.RESULT
         if side == EntryKind.FRAME:
@@ -95,7 +96,7 @@ class Joiner:
             self.counts.duplicates += 1  # a repeat of a side that is waiting or already joined
         return None
 
-    def on_due(self, entry: Entry, now_ms: int) -> tuple[Optional[Entry], Optional[Joined]]:
+    def on_due(self, entry: Entry, now_ms: int) -> tuple[Entry | None, Joined | None]:
         """What replaces an entry at its deadline, and the unmatched frame to emit, if any."""
         if entry.kind == EntryKind.FRAME:
             self.counts.unmatched_frames += 1
@@ -144,7 +145,7 @@ def event_time_ms(message) -> int:
     return round(message.timestamp * 1000)
 
 
-def end_offset(consumer, tp: TP) -> Optional[int]:
+def end_offset(consumer, tp: TP) -> int | None:
     """The partition's end offset as of the consumer's latest fetch; None when unknown (not
     fetched yet, or no longer assigned)."""
     try:
@@ -207,7 +208,7 @@ def register(stage) -> None:
     # Per (topic, partition): the consumer generation it was asked in, and the position then.
     start_offsets: dict[tuple[str, int], tuple[int, int]] = {}
 
-    def start_offset(topic: str, number: int) -> Optional[int]:
+    def start_offset(topic: str, number: int) -> int | None:
         generation, offset = start_offsets.get((topic, number), (None, None))
         return offset if generation == app.consumer_generation_id else None  # moved since
 

@@ -24,15 +24,15 @@ import re
 import tempfile
 import time
 import zlib
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import cv2
 import numpy as np
 
-from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp import preview, wire
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of
+from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp.preview import LatestFrames
 from streamapp.wire import Box, FrameId, Joined
 

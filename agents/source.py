@@ -12,8 +12,8 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import cv2
 import numpy as np

@@ -13,14 +13,14 @@ import dataclasses
 import importlib
 import logging
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import faust
 from faust.tables import TableManager
 
-from streamapp import consumer
-from streamapp import topics as topic_defs
+from streamapp import consumer, topics as topic_defs
 from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 from streamapp.deadletter import DeadLetters
 from streamapp.errors import StreamappError, one_line

@@ -22,8 +22,8 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from streamapp.broker import file_lock
 from streamapp.errors import StreamappError

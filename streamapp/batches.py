@@ -11,7 +11,8 @@ code consuming the batch is done with it, so offsets commit after the batch's ou
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from faust.types import EventT, StreamT
 

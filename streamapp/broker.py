@@ -39,9 +39,9 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 from streamapp.connect import quiet_logger
 from streamapp.errors import ExitCode, StreamappError
@@ -448,7 +448,7 @@ class LocalBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "LocalBroker":
+    def __enter__(self) -> LocalBroker:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -461,7 +461,7 @@ class LocalBroker:
         port = self._recorded_port() or self.port  # the port it runs on, or last ran on
         return BrokerStatus(pid is not None, pid, port, self.data_dir, self.log_file)
 
-    def start(self, timeout: float = 90.0) -> "LocalBroker":
+    def start(self, timeout: float = 90.0) -> LocalBroker:
         """Start the broker and return once it answers a metadata request on :attr:`bootstrap`."""
         deadline = time.monotonic() + timeout
         self.launch()
@@ -786,7 +786,7 @@ class LocalCluster:
     def cluster_id_file(self) -> Path:
         return self.data_dir / "cluster.id"
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -798,7 +798,7 @@ class LocalCluster:
     def running(self) -> bool:
         return all(status.running for status in self.status())
 
-    def start(self, timeout: float = 120.0) -> "LocalCluster":
+    def start(self, timeout: float = 120.0) -> LocalCluster:
         """Start every node that is not running, and return once each answers."""
         deadline = time.monotonic() + timeout
         self._share_cluster_id()

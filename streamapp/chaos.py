@@ -43,8 +43,14 @@ from streamapp import wire
 from streamapp.agents.sink import frame_path
 from streamapp.agents.source import Pacer, new_epoch, synthetic_frames
 from streamapp.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
-from streamapp.broker import (DEFAULT_PORT, LocalBroker, LocalCluster, count_under_replicated, default_cluster_dir,
-                              free_port)
+from streamapp.broker import (
+    DEFAULT_PORT,
+    LocalBroker,
+    LocalCluster,
+    count_under_replicated,
+    default_cluster_dir,
+    free_port,
+)
 from streamapp.demo import DemoOptions, ensure_broker
 from streamapp.publisher import FramePublisher, interleave, paced
 from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings

@@ -18,14 +18,23 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from streamapp import assets, chaos, replay_commands
 from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.bench import infer as infer_bench, join_command, soak_command
-from streamapp.broker import (CLUSTER_NODES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, LocalBroker,
-                              LocalCluster, default_cluster_dir, default_data_dir, kafka_home)
+from streamapp.broker import (
+    CLUSTER_NODES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PORT,
+    KAFKA_VERSION,
+    LocalBroker,
+    LocalCluster,
+    default_cluster_dir,
+    default_data_dir,
+    kafka_home,
+)
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings, parse_stream_id
 from streamapp.units import format_bytes

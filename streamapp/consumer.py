@@ -12,7 +12,7 @@ new consumer of the group starts (``auto_offset_reset=earliest``).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP

@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -157,7 +157,7 @@ class StageClock:
         self._latest: dict[str, tuple[float, float]] = {}
         self._thread = threading.Thread(target=self._sample, name="stage-clock", daemon=True)
 
-    def __enter__(self) -> "StageClock":
+    def __enter__(self) -> StageClock:
         self._thread.start()
         return self
 

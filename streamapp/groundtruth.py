@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import IO, NamedTuple, Protocol
 
 from streamapp.wire import FrameId
 
@@ -113,7 +114,7 @@ class GroundTruthWriter:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> "GroundTruthWriter":
+    def __enter__(self) -> GroundTruthWriter:
         return self
 
     def __exit__(self, *exc_info) -> None:

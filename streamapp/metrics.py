@@ -21,12 +21,18 @@ import re
 import resource
 import time
 from collections import Counter
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from faust.exceptions import ConsumerNotStarted
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
-from prometheus_client import (CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, GCCollector, PlatformCollector,
-                               ProcessCollector, generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 GaugeProvider = Callable[[], Mapping[str, float]]

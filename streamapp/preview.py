@@ -16,7 +16,6 @@ import collections
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Optional
 
 from streamapp.metrics import Metrics
 from streamapp.wire import Joined
@@ -78,7 +77,7 @@ class LatestFrames:
             self.bytes -= len(evicted.jpeg)
             self.evicted += 1
 
-    def get(self, stream: str) -> Optional[PreviewFrame]:
+    def get(self, stream: str) -> PreviewFrame | None:
         with self._lock:
             return self._frames.get(stream)
 

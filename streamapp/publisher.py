@@ -8,7 +8,7 @@ producer's default murmur2 partitioner — the same function Faust's producer us
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 
 from aiokafka import AIOKafkaProducer
 
@@ -41,7 +41,7 @@ class FramePublisher:
         self.published = 0
         self.published_bytes = 0
 
-    async def __aenter__(self) -> "FramePublisher":
+    async def __aenter__(self) -> FramePublisher:
         await start_client(self.producer, self.settings.bootstrap_servers)
         return self
 

@@ -15,8 +15,9 @@ import json
 import struct
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
@@ -83,7 +84,7 @@ class RecordingWriter:
         self._file: BinaryIO = open(self.path, "wb")
         self._file.write(_FILE_PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded)
 
-    def __enter__(self) -> "RecordingWriter":
+    def __enter__(self) -> RecordingWriter:
         return self
 
     def __exit__(self, exc_type, *_) -> None:

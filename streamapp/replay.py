@@ -17,7 +17,7 @@ import itertools
 import random
 import re
 import time
-from typing import Callable, Iterable, Iterator, Optional
+from collections.abc import Callable, Iterable, Iterator
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
@@ -41,7 +41,7 @@ class ReplayError(StreamappError, ValueError):
     """A replay that cannot run as asked: a bad transform spec, mismatched topics, ..."""
 
 
-def side_of(record: Record) -> Optional[str]:
+def side_of(record: Record) -> str | None:
     """``"frames"``, ``"results"``, or None for anything else. A malformed frame or result is
     "anything else": transforms pass it untouched, and the join dead-letters it as it would live."""
     try:

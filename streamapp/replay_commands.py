@@ -12,8 +12,8 @@ from pathlib import Path
 from streamapp import replay
 from streamapp.arguments import count_arg, fps_arg, resolution_arg
 from streamapp.errors import UsageError
-from streamapp.scenario import ReplayPlan, Scenario
 from streamapp.recording import RecordingWriter, RecordLimits, record_topics, synthetic_records
+from streamapp.scenario import ReplayPlan, Scenario
 from streamapp.settings import Settings, parse_stream_id
 from streamapp.topics import topic_names
 from streamapp.units import UnitError, parse_duration

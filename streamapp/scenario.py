@@ -53,7 +53,7 @@ class Scenario:
             raise replay.ReplayError(f"{path}: not a scenario file: {exc!r}") from None
 
     @classmethod
-    def load(cls, path: Path) -> "Scenario":
+    def load(cls, path: Path) -> Scenario:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:

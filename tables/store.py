@@ -26,8 +26,9 @@ import dataclasses
 import heapq
 import os
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any
 
 import rocksdict
 from faust.stores import rocksdb as faust_rocksdb
@@ -83,7 +84,7 @@ class JoinPartition:
         self._index_handle = db.get_column_family_handle(EXPIRY_FAMILY)
         self.stats = self._count()
 
-    def get(self, key: bytes) -> Optional[bytes]:
+    def get(self, key: bytes) -> bytes | None:
         return self.db.get(key)
 
     def close(self) -> None:
@@ -91,17 +92,17 @@ class JoinPartition:
         del self._index, self._index_handle
         self.db.close()
 
-    def write(self, key: bytes, value: Optional[bytes]) -> None:
+    def write(self, key: bytes, value: bytes | None) -> None:
         """Put (or delete, when ``value`` is None) an entry and move its index keys with it."""
         self.write_many([(key, value)])
 
-    def write_many(self, changes: Iterable[tuple[bytes, Optional[bytes]]], *, wait: bool = True) -> None:
+    def write_many(self, changes: Iterable[tuple[bytes, bytes | None]], *, wait: bool = True) -> None:
         """Apply puts and deletes in order as one atomic batch (a join batch, recovery, standbys).
 
         With ``wait=False`` a write RocksDB would hold back (its flushes are behind, or failing on
         a full disk) raises "Write stall" at once instead of blocking the thread."""
         batch = rocksdict.WriteBatch(raw_mode=True)
-        staged: dict[bytes, Optional[_Described]] = {}
+        staged: dict[bytes, _Described | None] = {}
         counted: list[tuple[bytes, int, int]] = []
         for key, value in changes:
             old = staged[key] if key in staged else _describe(self.db.get(key))
@@ -127,7 +128,7 @@ class JoinPartition:
                 self._found(found, bytes(index_key[len(prefix) + _TIME.size:]))
         return found
 
-    def due_by_event(self, kind: bytes, read_past: Callable[[bytes], Optional[int]], ttl_ms: int,
+    def due_by_event(self, kind: bytes, read_past: Callable[[bytes], int | None], ttl_ms: int,
                      limit: int) -> list[tuple[bytes, bytes]]:
         """Up to ``limit`` pending entries of ``kind`` whose partner can no longer arrive: the
         other side has read their camera run past their event time + TTL (``read_past`` gives
@@ -161,14 +162,14 @@ class JoinPartition:
         self.db.compact_range(None, None)
         self._index.compact_range(None, None)
 
-    def oldest_deadline_ms(self) -> Optional[int]:
+    def oldest_deadline_ms(self) -> int | None:
         return self._first_deadline(EntryKind.ALL)
 
-    def oldest_pending_deadline_ms(self) -> Optional[int]:
+    def oldest_pending_deadline_ms(self) -> int | None:
         """The earliest deadline of a frame or result."""
         return self._first_deadline(EntryKind.PENDING)
 
-    def _first_deadline(self, kinds: Iterable[bytes]) -> Optional[int]:
+    def _first_deadline(self, kinds: Iterable[bytes]) -> int | None:
         return min((deadline for kind in kinds for deadline, _ in self._deadlines(kind, first_only=True)),
                    default=None)
 
@@ -186,7 +187,7 @@ class JoinPartition:
         if value is not None:
             found.append((key, value))
 
-    def _stage(self, batch, key: bytes, old: Optional[_Described], new: Optional[bytes],
+    def _stage(self, batch, key: bytes, old: _Described | None, new: bytes | None,
                counted: list[tuple[bytes, int, int]]) -> None:
         if old is not None:
             old_kind, old_deadline, old_event, old_length = old
@@ -217,7 +218,7 @@ class JoinPartition:
         return stats
 
 
-def _describe(value: Optional[bytes]) -> Optional[_Described]:
+def _describe(value: bytes | None) -> _Described | None:
     if value is None:
         return None
     return (*peek_times(value), len(value))
@@ -282,7 +283,7 @@ class JoinStore(faust_rocksdb.Store):
 
     # --- Faust's write paths ------------------------------------------------------------------
 
-    def _set(self, key: bytes, value: Optional[bytes]) -> None:
+    def _set(self, key: bytes, value: bytes | None) -> None:
         self.partition(self._event_partition()).write(key, value)
 
     def _del(self, key: bytes) -> None:
@@ -294,7 +295,7 @@ class JoinStore(faust_rocksdb.Store):
         to_key: Callable[[Any], Any],
         to_value: Callable[[Any], Any],
     ) -> None:
-        by_partition: dict[int, list[tuple[bytes, Optional[bytes]]]] = {}
+        by_partition: dict[int, list[tuple[bytes, bytes | None]]] = {}
         offsets: dict[TP, int] = {}
         for event in batch:
             message = event.message
@@ -315,7 +316,7 @@ class JoinStore(faust_rocksdb.Store):
             if not (is_disk_full(exc) or is_write_stall(exc)):
                 raise
 
-    def write_many(self, partition: int, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
+    def write_many(self, partition: int, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Writes outside any event (the join's batches and sweeps); the caller sends the
         changelog records, and retries a write refused as a stall (streamapp.diskspace)."""
         self.partition(partition).write_many(changes, wait=False)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 import faust
 from faust.stores import STORES
@@ -41,8 +42,8 @@ _MARKERS = (EntryKind.JOINED, EntryKind.EXPIRED)
 class DueOutcome:
     """What replaces a due entry (None deletes it), and the delivery of what it emitted, if any."""
 
-    replacement: Optional[Entry]
-    delivery: Optional[Awaitable] = None
+    replacement: Entry | None
+    delivery: Awaitable | None = None
 
 
 DueHandler = Callable[[bytes, Entry, int], Awaitable[DueOutcome]]
@@ -74,14 +75,14 @@ class JoinWindow:
         self.memory = memory
         self.lock = asyncio.Lock()
 
-    def get(self, partition: int, key: bytes) -> Optional[Entry]:
+    def get(self, partition: int, key: bytes) -> Entry | None:
         value = self.table.data.partition(partition).get(key)
         return None if value is None else Entry.decode(value)
 
     def transaction(self) -> JoinTransaction:
         return JoinTransaction(self)
 
-    def write(self, partition: int, changes: list[tuple[bytes, Optional[bytes]]]) -> None:
+    def write(self, partition: int, changes: list[tuple[bytes, bytes | None]]) -> None:
         """Store ``changes`` in one atomic batch and send their changelog records."""
         self.table.data.write_many(partition, changes)
         for key, value in changes:
@@ -145,5 +146,5 @@ class JoinWindow:
         }
 
 
-def _earliest(deadlines: Iterable[Optional[int]]) -> Optional[int]:
+def _earliest(deadlines: Iterable[int | None]) -> int | None:
     return min((deadline for deadline in deadlines if deadline is not None), default=None)

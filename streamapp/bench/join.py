@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from aiokafka import AIOKafkaConsumer
 
@@ -38,8 +38,16 @@ from streamapp import wire
 from streamapp.agents.source import new_epoch
 from streamapp.bench import copy, join_report, kstreams
 from streamapp.bench.join_command import DEFAULT_RATES, SYSTEMS
-from streamapp.bench.pairs import (FRAME, RESULT_LAG, create_plain_topics, detections_for, encoded_frames,
-                                   load_producer, pace, publish_order)
+from streamapp.bench.pairs import (
+    FRAME,
+    RESULT_LAG,
+    create_plain_topics,
+    detections_for,
+    encoded_frames,
+    load_producer,
+    pace,
+    publish_order,
+)
 from streamapp.bench.sampler import cpu_seconds_of, rss_of
 from streamapp.broker import KAFKA_VERSION, LocalBroker, check_java, free_port
 from streamapp.settings import Settings
@@ -156,7 +164,7 @@ class System:
     async def create_topics(self, topics: Topics) -> None:
         await create_plain_topics(self.settings, [topics.frames, topics.results, topics.output])
 
-    def start(self, topics: Topics, scratch: Path, logs: Path) -> "Running":
+    def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
         """Start the system's process on ``topics``: its state under ``scratch``, its log in ``logs``."""
         raise NotImplementedError
 

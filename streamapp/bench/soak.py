@@ -29,8 +29,15 @@ from aiokafka import AIOKafkaConsumer
 from streamapp import wire
 from streamapp.agents.source import new_epoch
 from streamapp.bench.naive import naive_topic
-from streamapp.bench.pairs import (FRAME, create_plain_topics, detections_for, encoded_frames,
-                                   load_producer, pace, publish_order)
+from streamapp.bench.pairs import (
+    FRAME,
+    create_plain_topics,
+    detections_for,
+    encoded_frames,
+    load_producer,
+    pace,
+    publish_order,
+)
 from streamapp.bench.report import build_report, draw_charts
 from streamapp.bench.sampler import Sampler
 from streamapp.broker import LocalBroker, free_port

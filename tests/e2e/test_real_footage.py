@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from joined_reader import read_joined
 
 from streamapp import wire
 from streamapp.agents.infer import YoloDetector, infer_frame
@@ -26,6 +25,8 @@ from streamapp.publisher import FramePublisher
 from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics
 from streamapp.workers import Worker, wait_until
+
+from joined_reader import read_joined
 
 pytestmark = pytest.mark.e2e
 

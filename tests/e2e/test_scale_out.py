@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from joined_reader import read_joined
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp import wire
@@ -29,6 +28,8 @@ from streamapp.publisher import FramePublisher, interleave
 from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics, topic_names
 from streamapp.workers import Worker
+
+from joined_reader import read_joined
 
 pytestmark = pytest.mark.e2e
 

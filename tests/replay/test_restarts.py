@@ -17,9 +17,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from harness import (COUNTERS, SCENARIOS, SLACK_S, JoinedReader, Outcome, Sampler, counter_delta, counter_values,
-                     expected_counts, join_settings, plan_for, sent_sides, start_join, to_pipeline, unmatched_departures,
-                     wait_until)
 from streamapp import replay
 from streamapp.agents.sink import frame_path
 from streamapp.broker import free_port
@@ -27,6 +24,25 @@ from streamapp.scenario import Scenario
 from streamapp.settings import Settings
 from streamapp.topics import topic_names
 from streamapp.workers import Worker
+
+from harness import (
+    COUNTERS,
+    SCENARIOS,
+    SLACK_S,
+    JoinedReader,
+    Outcome,
+    Sampler,
+    counter_delta,
+    counter_values,
+    expected_counts,
+    join_settings,
+    plan_for,
+    sent_sides,
+    start_join,
+    to_pipeline,
+    unmatched_departures,
+    wait_until,
+)
 
 pytestmark = pytest.mark.replay
 

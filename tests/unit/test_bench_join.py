@@ -7,8 +7,16 @@ import cv2
 import pytest
 
 from streamapp.bench.join import Cameras, Outputs, parse_join_key
-from streamapp.bench.join_report import (backlog_summary, build_report, describe_machine, draw_chart, lag_slope,
-                                         markdown, max_sustained, step_summary)
+from streamapp.bench.join_report import (
+    backlog_summary,
+    build_report,
+    describe_machine,
+    draw_chart,
+    lag_slope,
+    markdown,
+    max_sustained,
+    step_summary,
+)
 from streamapp.bench.pairs import FRAME, RESULT, publish_order
 from streamapp.cli import main
 

@@ -13,8 +13,19 @@ from pathlib import Path
 import pytest
 
 from streamapp import broker as broker_module
-from streamapp.broker import (BrokerError, LocalBroker, LocalCluster, check_java, ensure_jars, find_java,
-                              free_port, last_error_line, new_cluster_id, parse_java_version, port_in_use)
+from streamapp.broker import (
+    BrokerError,
+    LocalBroker,
+    LocalCluster,
+    check_java,
+    ensure_jars,
+    find_java,
+    free_port,
+    last_error_line,
+    new_cluster_id,
+    parse_java_version,
+    port_in_use,
+)
 
 MIB = 1024**2
 

@@ -5,7 +5,6 @@ all exist, and every worker's web port is published. (No Docker needed: the file
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import importlib.util
 import io

@@ -14,9 +14,20 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
-from streamapp.metrics import (HELP, STANDARD_FAMILIES, Histogram, Metrics, consumer_gauges, faust_monitor,
-                               family_of, parse_sample, peak_rss_bytes, sample_name)
+from streamapp.metrics import (
+    HELP,
+    STANDARD_FAMILIES,
+    Histogram,
+    Metrics,
+    consumer_gauges,
+    family_of,
+    faust_monitor,
+    parse_sample,
+    peak_rss_bytes,
+    sample_name,
+)
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
+
 
 def parse(text: str) -> dict:
     return {family.name: family for family in text_string_to_metric_families(text)}

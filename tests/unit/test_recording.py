@@ -10,8 +10,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from streamapp import wire
 from streamapp.cli import main
-from streamapp.recording import (Record, Recording, RecordingError, RecordingWriter, key_partition,
-                                 synthetic_records)
+from streamapp.recording import Record, Recording, RecordingError, RecordingWriter, key_partition, synthetic_records
 from streamapp.replay import side_of
 from streamapp.settings import Settings
 

@@ -19,8 +19,8 @@ from streamapp.agents.sink import (
     save_contact_sheet,
     video_segments,
 )
-from streamapp.diskspace import DiskFull
 from streamapp.agents.source import SyntheticScene, to_frame
+from streamapp.diskspace import DiskFull
 from streamapp.imaging import CorruptFrame, decode_jpeg
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
