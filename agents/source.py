@@ -160,7 +160,7 @@ class SyntheticScene:
         """The BGR image of frame ``index`` and its true boxes."""
         image = self._background.copy()
         boxes = self.truth(index)
-        for mover, box in zip(self._movers, boxes):
+        for mover, box in zip(self._movers, boxes, strict=True):
             mover.draw(image, box)
         return image, boxes
 

@@ -28,6 +28,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -689,8 +690,8 @@ class LocalBroker:
                 self._fail(f"the broker did not answer on {self.bootstrap} within {timeout:g}s")
             if self._accepts_connections():
                 with quiet_logger("aiokafka"):
-                    if _run_async(lambda: _answers_metadata(self.bootstrap, self.node_id,
-                                                            min(5.0, max(remaining, 0.5)))):
+                    if _run_async(functools.partial(_answers_metadata, self.bootstrap, self.node_id,
+                                                    min(5.0, max(remaining, 0.5)))):
                         return
             time.sleep(0.2)
 

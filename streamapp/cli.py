@@ -137,7 +137,7 @@ def run_cluster(cluster: LocalCluster, args: argparse.Namespace) -> int:
               f"  STREAMAPP_BROKER=kafka://{cluster.bootstrap} STREAMAPP_REPLICATION_FACTOR={cluster.replication}")
         return 0
     if args.action == "stop":
-        for node, outcome in zip(cluster.nodes, cluster.stop(timeout=args.timeout)):
+        for node, outcome in zip(cluster.nodes, cluster.stop(timeout=args.timeout), strict=True):
             print(f"node {node.node_id} {outcome} (data dir {node.data_dir})")
         return 0
     _print_nodes(cluster)
@@ -145,7 +145,7 @@ def run_cluster(cluster: LocalCluster, args: argparse.Namespace) -> int:
 
 
 def _print_nodes(cluster: LocalCluster) -> None:
-    for node, status in zip(cluster.nodes, cluster.status()):
+    for node, status in zip(cluster.nodes, cluster.status(), strict=True):
         print(f"node {node.node_id} {status.describe()}")
 
 

@@ -227,7 +227,7 @@ def _sources(options: DemoOptions, epoch: int, fps: float) -> list[Source]:
                 for number in range(1, options.streams + 1)]
     return [((frame, None) for frame in video_file_frames(path, stream, epoch, max_frames=options.frames,
                                                           fps=fps or None))
-            for path, stream in zip(options.videos, _stream_ids(options.videos))]
+            for path, stream in zip(options.videos, _stream_ids(options.videos), strict=True)]
 
 
 def _stream_ids(videos: tuple[Path, ...]) -> list[str]:

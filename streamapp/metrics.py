@@ -121,7 +121,7 @@ def sample_name(family: str, **labels: object) -> str:
         return family
     escaped = (str(value).replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
                for value in labels.values())
-    return family + "{" + ",".join(f'{name}="{value}"' for name, value in zip(labels, escaped)) + "}"
+    return family + "{" + ",".join(f'{name}="{value}"' for name, value in zip(labels, escaped, strict=True)) + "}"
 
 
 def family_of(sample: str) -> str:
@@ -156,7 +156,7 @@ class Histogram:
     def samples(self, family: str) -> dict[str, float]:
         values: dict[str, float] = {}
         cumulative = 0
-        for bound, count in zip((*self.bounds, math.inf), self._bucket_counts):
+        for bound, count in zip((*self.bounds, math.inf), self._bucket_counts, strict=True):
             cumulative += count
             values[sample_name(f"{family}_bucket", le=_format_number(bound))] = cumulative
         values[f"{family}_sum"] = round(self.sum, 6)

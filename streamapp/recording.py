@@ -162,7 +162,7 @@ class Recording:
                 body = self._exactly(file, length, count)
                 if zlib.crc32(body) != crc:
                     raise self._error(f"record {count} fails its CRC-32 check (damaged)")
-                yield _decode_record(body, lambda reason: self._error(f"record {count}: {reason}"))
+                yield _decode_record(body, lambda reason, number=count: self._error(f"record {number}: {reason}"))
                 count += 1
 
     def _exactly(self, file: BinaryIO, size: int, count: int) -> bytes:

@@ -258,7 +258,8 @@ def parse_resolution(raw: str, name: str = "resolution") -> tuple[int, int]:
 
 def parse_stream_id(raw: str) -> str:
     if not _STREAM_ID.match(raw):
-        raise ValueError(f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
+        raise ValueError(
+            f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
     return raw
 
 

@@ -118,7 +118,7 @@ class JoinWindow:
                 if not store.still_owns(number, partition):
                     break  # revoked while delivering: its new owner expires these entries
                 self.write(number, [(key, None if outcome.replacement is None else outcome.replacement.encode())
-                                    for (key, _), outcome in zip(batch, outcomes)])
+                                    for (key, _), outcome in zip(batch, outcomes, strict=True)])
                 expired += len(batch)
                 await asyncio.sleep(0)
         return expired

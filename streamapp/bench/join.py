@@ -305,11 +305,13 @@ class PairLoad:
             if kind == FRAME:
                 await pace(rate, index - start, started)
                 stamp = captured[index] = capture_ms(index) if capture_ms else int(time.time() * 1000)
-                value = wire.encode_frame(wire.Frame(frame_id, stamp, width, height, self.jpegs[index % len(self.jpegs)]))
+                jpeg = self.jpegs[index % len(self.jpegs)]
+                value = wire.encode_frame(wire.Frame(frame_id, stamp, width, height, jpeg))
                 self.frame_record_bytes = len(value)
                 await self.producer.send(self.topics.frames, value, key=self.key_of(frame_id), timestamp_ms=stamp)
             else:
-                await self.producer.send(self.topics.results, wire.encode_detections(detections_for(frame_id, width, height)),
+                result = wire.encode_detections(detections_for(frame_id, width, height))
+                await self.producer.send(self.topics.results, result,
                                          key=self.key_of(frame_id), timestamp_ms=captured.pop(index))
                 self.result_sent_at[index] = time.time()
                 self.published += 1

@@ -235,8 +235,8 @@ async def _publish(options: SoakOptions, settings: Settings, progress: Progress)
                 progress.frame_bytes += len(value)
             elif not stall.withholds(index):
                 frame_id = wire.FrameId("soak", epoch, index)
-                await producer.send(names["detections"], wire.encode_detections(detections_for(frame_id, width, height)),
-                                    key=frame_id.bucket_key(settings.bucket_size))
+                result = wire.encode_detections(detections_for(frame_id, width, height))
+                await producer.send(names["detections"], result, key=frame_id.bucket_key(settings.bucket_size))
                 progress.result_sent_at[index] = time.time()
                 progress.results_sent += 1
         await producer.flush()

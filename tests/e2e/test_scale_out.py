@@ -107,7 +107,8 @@ def run(kafka_bootstrap, tmp_path_factory):
         wait_for(lambda: shared_evenly(workers, base.partitions), 90,
                  "each stage's partitions to be split between its two workers")
         produced = asyncio.run(publish(base))
-        yield Run(root, workers, produced, Counter(asyncio.run(read_joined(base, len(produced), 120, keep=lambda joined: joined.frame.id))))
+        joined_ids = asyncio.run(read_joined(base, len(produced), 120, keep=lambda joined: joined.frame.id))
+        yield Run(root, workers, produced, Counter(joined_ids))
     finally:
         for worker in workers:
             worker.stop()

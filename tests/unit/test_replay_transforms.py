@@ -110,7 +110,7 @@ def test_skew_sets_each_cameras_clock_off_its_frames_and_results_together():
     records = pairs(100, stream="cam-a") + pairs(100, stream="cam-b")
     skewed = list(run("skew:60s", records))
     offsets = {}
-    for before, after in zip(records, skewed):
+    for before, after in zip(records, skewed, strict=True):
         stream = replay.frame_id(before).stream
         offsets.setdefault(stream, set()).add(after.event_time_ms - before.timestamp_ms)
         if replay.side_of(before) == "frames":
@@ -120,7 +120,8 @@ def test_skew_sets_each_cameras_clock_off_its_frames_and_results_together():
     assert all(-60_000 <= shift <= 60_000 for [shift] in offsets.values())
     assert offsets["cam-a"] != offsets["cam-b"]
     # Only the event time moves: when each record is sent, its key and partition stay.
-    assert [(r.key, r.partition, r.timestamp_ms) for r in skewed] == [(r.key, r.partition, r.timestamp_ms) for r in records]
+    assert ([(r.key, r.partition, r.timestamp_ms) for r in skewed]
+            == [(r.key, r.partition, r.timestamp_ms) for r in records])
 
 
 def test_records_that_are_not_frames_or_results_pass_untouched():
