@@ -246,7 +246,7 @@ def register(stage) -> None:
 
     async def expire_and_step() -> None:
         await window.expire(now_ms(), joiner.ttl_ms, progress, on_due)
-        in_step.adjust(number for number, _ in window.table.data.active_partitions())
+        in_step.adjust(number for number, _ in window.store.active_partitions())
 
     async def join_batch(events) -> None:
         transaction = window.transaction()

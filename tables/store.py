@@ -22,13 +22,14 @@ restart could lose (R4).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import heapq
 import os
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import rocksdict
 from faust.stores import rocksdb as faust_rocksdb
@@ -63,7 +64,7 @@ class PartitionStats:
     pending_entries: int = 0
     pending_bytes: int = 0
 
-    def add(self, kind: bytes, value_length: int, sign: int) -> None:
+    def add(self, kind: builtins.bytes, value_length: int, sign: int) -> None:  # the field shadows bytes
         self.entries += sign
         self.bytes += sign * value_length
         if kind in EntryKind.PENDING:
@@ -119,7 +120,7 @@ class JoinPartition:
         found: list[tuple[bytes, bytes]] = []
         for kind in kinds:
             prefix = _BY_DEADLINE + kind
-            for index_key in self._index.keys(from_key=prefix):
+            for index_key in _raw_keys(self._index, prefix):
                 if len(found) >= limit or not index_key.startswith(prefix):
                     break
                 (deadline,) = _TIME.unpack_from(index_key, len(prefix))
@@ -175,7 +176,7 @@ class JoinPartition:
 
     def _deadlines(self, kind: bytes, *, first_only: bool = False) -> Iterator[tuple[int, int]]:
         prefix = _BY_DEADLINE + kind
-        for index_key, value in self._index.items(from_key=prefix):
+        for index_key, value in _raw_items(self._index, prefix):
             if not index_key.startswith(prefix):
                 return
             yield _TIME.unpack_from(index_key, len(prefix))[0], _INDEX_VALUE.unpack(value)[1]
@@ -210,12 +211,22 @@ class JoinPartition:
     def _count(self) -> PartitionStats:
         # Bounded by what is pending (fps x TTL) plus markers, so a scan at open is cheap.
         stats = PartitionStats()
-        for index_key, value in self._index.items(from_key=_BY_DEADLINE):
+        for index_key, value in _raw_items(self._index, _BY_DEADLINE):
             if not index_key.startswith(_BY_DEADLINE):
                 break
             kind, length = _INDEX_VALUE.unpack(value)
             stats.add(kind, length, +1)
         return stats
+
+
+def _raw_keys(family: rocksdict.Rdict, from_key: bytes) -> Iterator[bytes]:
+    # Opened in raw mode (RocksMemory.options), every key is bytes; rocksdict types keys as any
+    # of the types its other modes store.
+    return cast(Iterator[bytes], family.keys(from_key=from_key))
+
+
+def _raw_items(family: rocksdict.Rdict, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
+    return cast(Iterator[tuple[bytes, bytes]], family.items(from_key=from_key))
 
 
 def _describe(value: bytes | None) -> _Described | None:
@@ -266,7 +277,7 @@ class JoinStore(faust_rocksdb.Store):
     def active_partitions(self) -> Iterator[tuple[int, JoinPartition]]:
         """Partitions this worker owns (not standbys): the only ones it may expire."""
         actives = self.app.assignor.assigned_actives()
-        topic = self.table.changelog_topic_name
+        topic = self.table.changelog_topic.get_topic_name()
         for number in sorted(self._partitions):
             if TP(topic, number) in actives:
                 yield number, self._partitions[number]
@@ -276,7 +287,7 @@ class JoinStore(faust_rocksdb.Store):
         while a caller awaits something."""
         actives = self.app.assignor.assigned_actives()
         return (self._partitions.get(number) is partition
-                and TP(self.table.changelog_topic_name, number) in actives)
+                and TP(self.table.changelog_topic.get_topic_name(), number) in actives)
 
     def all_partitions(self) -> Iterator[tuple[int, JoinPartition]]:
         return iter(sorted(self._partitions.items()))
@@ -299,6 +310,8 @@ class JoinStore(faust_rocksdb.Store):
         offsets: dict[TP, int] = {}
         for event in batch:
             message = event.message
+            if message.key is None:  # never: a compacted topic refuses records without a key
+                raise ValueError(f"{message.tp} offset {message.offset}: a changelog record without a key")
             by_partition.setdefault(message.partition, []).append((message.key, message.value))
             offsets[message.tp] = max(message.offset, offsets.get(message.tp, -1))
         for number, changes in by_partition.items():

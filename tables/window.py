@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import faust
 from faust.stores import STORES
@@ -25,6 +25,9 @@ from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.memory import RocksMemory
 from streamapp.tables.progress import ReadProgress
 from streamapp.tables.transaction import JoinTransaction
+
+if TYPE_CHECKING:
+    from streamapp.tables.store import JoinStore
 
 STORE_SCHEME = "streamapp-join"
 STORES.aliases.setdefault(STORE_SCHEME, "streamapp.tables.store:JoinStore")
@@ -75,8 +78,13 @@ class JoinWindow:
         self.memory = memory
         self.lock = asyncio.Lock()
 
+    @property
+    def store(self) -> JoinStore:
+        """The table's store: the app's store URL is STORE_URL, so always a JoinStore."""
+        return cast("JoinStore", self.table.data)
+
     def get(self, partition: int, key: bytes) -> Entry | None:
-        value = self.table.data.partition(partition).get(key)
+        value = self.store.partition(partition).get(key)
         return None if value is None else Entry.decode(value)
 
     def transaction(self) -> JoinTransaction:
@@ -84,7 +92,7 @@ class JoinWindow:
 
     def write(self, partition: int, changes: list[tuple[bytes, bytes | None]]) -> None:
         """Store ``changes`` in one atomic batch and send their changelog records."""
-        self.table.data.write_many(partition, changes)
+        self.store.write_many(partition, changes)
         for key, value in changes:
             self.table.send_changelog(partition, key, value)
 
@@ -109,7 +117,7 @@ class JoinWindow:
     async def _expire_each(self, due: Callable[[int, Any], list[tuple[bytes, bytes]]], on_due: DueHandler) -> int:
         """Entries change only once what they emitted is delivered: a worker killed in between
         emits it again after restart instead of losing it (R12)."""
-        store = self.table.data
+        store = self.store
         expired = 0
         for number, partition in list(store.active_partitions()):
             while batch := due(number, partition):
@@ -129,7 +137,7 @@ class JoinWindow:
         A pending entry was stored at its deadline minus the TTL: its age survives restarts and
         rebalances because the deadline travels with the entry.
         """
-        store = self.table.data
+        store = self.store
         owned = [partition for _, partition in store.active_partitions()]
         next_due = _earliest(partition.oldest_deadline_ms() for partition in owned)
         oldest_pending = _earliest(partition.oldest_pending_deadline_ms() for partition in owned)
