@@ -31,12 +31,20 @@ from streamapp.wire import Box, Detections, Frame, FrameId
 
 
 class BoxLike(Protocol):
-    label: str
-    score: float
-    x: int
-    y: int
-    w: int
-    h: int
+    """What a detector returns per object; read-only, so frozen boxes (like wire.Box) qualify."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def x(self) -> int: ...
+    @property
+    def y(self) -> int: ...
+    @property
+    def w(self) -> int: ...
+    @property
+    def h(self) -> int: ...
 
 
 class Detector(Protocol):
@@ -163,7 +171,8 @@ class HogPeopleDetector:
         self.scale = scale
         self.min_weight = min_weight
         self._hog = cv2.HOGDescriptor()
-        self._hog.setSVMDetector(cv2.HOGDescriptor_getDefaultPeopleDetector())
+        # cv2's stubs say Sequence[float]; it returns the float32 array setSVMDetector takes.
+        self._hog.setSVMDetector(cv2.HOGDescriptor.getDefaultPeopleDetector())  # type: ignore[call-overload]
 
     def detect(self, image: np.ndarray, frame_id: FrameId) -> list[Box]:
         window_w, window_h = self._hog.winSize
@@ -318,7 +327,7 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
     The decoded images live only in this call.
     """
     started = time.perf_counter()
-    results: list[Detections | Exception | None] = [None] * len(frames)
+    results: dict[int, Detections | Exception] = {}
     images, decoded = [], []
     for position, frame in enumerate(frames):
         try:
@@ -326,6 +335,7 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
             decoded.append(position)
         except CorruptFrame as exc:
             results[position] = exc
+    found: Sequence[Sequence[BoxLike] | Exception]
     try:
         found = _detect_all(detector, images, [frames[position] for position in decoded])
     except Exception as exc:  # noqa: BLE001 - a plugin's failure is the frames', never the worker's
@@ -335,7 +345,7 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
     for position, boxes in zip(decoded, found, strict=True):
         results[position] = boxes if isinstance(boxes, Exception) else _detections(
             frames[position], boxes, detector.name, elapsed_ms)
-    return results
+    return [results[position] for position in range(len(frames))]
 
 
 def _detect_all(detector: Detector, images: list[np.ndarray], frames: list[Frame]) -> list[Sequence[BoxLike]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import logging
 import math
 import os
@@ -237,7 +238,10 @@ def video_segments(out_dir: str | Path, stream: str, epoch: int) -> list[Path]:
 
 
 def _last_index(segment: Path) -> int:
-    return int(_SEGMENT_NAME.match(segment.name).group(2))
+    match = _SEGMENT_NAME.match(segment.name)
+    if match is None:
+        raise ValueError(f"{segment} is not named like a video segment")
+    return int(match.group(2))
 
 
 def _no_room() -> None:
@@ -370,28 +374,29 @@ class VideoAssembler:
             self.unreadable += 1
             self.next_index += 1
             return []
-        if self._writer is None:
-            self._open(image)
+        writer = self._open(image) if self._writer is None else self._writer
         if (image.shape[1], image.shape[0]) != self._size:
             image = cv2.resize(image, self._size, interpolation=cv2.INTER_AREA)
-        self._writer.write(image)
+        writer.write(image)
         self.next_index += 1
         self.appended += 1
         self._segment_frames += 1
         self._segment_jpeg_bytes += len(data)
         if self._segment_frames >= self.segment_frames or self._segment_jpeg_bytes >= self.segment_bytes:
-            return [self.close_segment()]
+            segment = self.close_segment()
+            return [segment] if segment else []
         return []
 
-    def _open(self, image: np.ndarray) -> None:
+    def _open(self, image: np.ndarray) -> cv2.VideoWriter:
         self.video_dir.mkdir(parents=True, exist_ok=True)
         self._segment_first = self.next_index
         self._size = (image.shape[1], image.shape[0])
-        self._writer = cv2.VideoWriter(str(self._partial_path()), cv2.CAP_OPENCV_MJPEG,
-                                       cv2.VideoWriter_fourcc(*"MJPG"), self.fps, self._size)
-        if not self._writer.isOpened():
-            self._writer = None
+        writer = cv2.VideoWriter(str(self._partial_path()), cv2.CAP_OPENCV_MJPEG,
+                                 cv2.VideoWriter.fourcc(*"MJPG"), self.fps, self._size)
+        if not writer.isOpened():
             raise OSError(f"cannot write video {self._partial_path()}")
+        self._writer = writer
+        return writer
 
     @property
     def counters(self) -> dict[str, int]:
@@ -411,9 +416,9 @@ class VideoAssemblers:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.out_dir = Path(out_dir)
         self.idle_finish_s = idle_finish_s
-        self._options = dict(fps=fps, gap_timeout_s=gap_timeout_s, segment_frames=segment_frames,
-                             segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment,
-                             clock=clock)
+        self._new_assembler = functools.partial(
+            VideoAssembler, fps=fps, gap_timeout_s=gap_timeout_s, segment_frames=segment_frames,
+            segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment, clock=clock)
         self._clock = clock
         self._active: dict[tuple[str, int], VideoAssembler] = {}
 
@@ -421,7 +426,7 @@ class VideoAssemblers:
         """Advance the run of ``frame_id``, starting an assembler for it if it has none."""
         key = (frame_id.stream, frame_id.epoch)
         if key not in self._active:
-            self._active[key] = VideoAssembler(self.out_dir, *key, **self._options)
+            self._active[key] = self._new_assembler(self.out_dir, *key)
         return self._active[key].advance(limit)
 
     def advance_all(self, limit: int | None = None) -> int:
@@ -463,7 +468,8 @@ def contact_sheet(image_paths: Sequence[str | Path], columns: int = 4, tile_widt
         raise ValueError("a contact sheet needs at least one image")
     if columns < 1 or tile_width < 1:
         raise ValueError(f"columns and tile_width must be >= 1, got {columns} and {tile_width}")
-    sheet = tile_height = None
+    sheet: np.ndarray | None = None
+    tile_height = 0
     rows = math.ceil(len(image_paths) / columns)
     for position, path in enumerate(image_paths):
         image = _read_image(path)
@@ -476,6 +482,7 @@ def contact_sheet(image_paths: Sequence[str | Path], columns: int = 4, tile_widt
         top = row * tile_height + (tile_height - height) // 2
         left = column * tile_width + (tile_width - width) // 2
         sheet[top:top + height, left:left + width] = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+    assert sheet is not None  # image_paths is not empty
     return sheet
 
 
