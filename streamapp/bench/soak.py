@@ -120,7 +120,7 @@ def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
     try:
         if broker is not None:
             broker.start(timeout=120)
-        bootstrap = options.bootstrap or broker.bootstrap
+        bootstrap = options.bootstrap if broker is None else broker.bootstrap
         settings = (settings or Settings.from_env()).replace(
             broker=f"kafka://{bootstrap}", topic_prefix=f"soak-{new_epoch()}.", stages=("join",),
             data_dir=out / "data" / "join", web_port=free_port(),
@@ -181,11 +181,10 @@ class NaiveJoin:
 
 async def _drive(options: SoakOptions, settings: Settings, sampler: Sampler) -> Progress:
     progress = Progress()
-    sampler.progress = progress
     engines = {"ours": topic_names(settings)["joined"]}
     if options.baseline == "naive":
         engines["naive"] = naive_topic(settings)
-    background = [asyncio.create_task(sampler.run())]
+    background = [asyncio.create_task(sampler.run(progress))]
     background += [asyncio.create_task(_read_joined(settings, engine, topic, progress))
                    for engine, topic in engines.items()]
     if options.scenario == "slow-sink":
