@@ -87,7 +87,9 @@ class StreamApp(faust.App):
         settings = self.streamapp_settings
         # Here, not in create_app: the consumer is made after this, and the worker's
         # --web-port (part of the name) is known only now.
-        self.conf.consumer_group_instance_id = settings.group_instance_id(str(self.conf.canonical_url))
+        # Faust types this setting str, though None (its default) is dynamic membership.
+        self.conf.consumer_group_instance_id = settings.group_instance_id(  # type: ignore[assignment]
+            str(self.conf.canonical_url))
         created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
         if created:
             log.info("created topics: %s", ", ".join(created))
