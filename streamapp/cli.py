@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamapp import assets, chaos, replay_commands
 from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
@@ -38,6 +39,9 @@ from streamapp.broker import (
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings, parse_stream_id
 from streamapp.units import format_bytes
+
+if TYPE_CHECKING:
+    from streamapp.demo import Source
 
 
 class CommandError(StreamappError, RuntimeError):
@@ -199,6 +203,7 @@ def run_produce(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     epoch = new_epoch()
+    sources: list[Source]
     try:
         if args.video:
             sources = [((frame, None) for frame in video_file_frames(

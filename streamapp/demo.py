@@ -270,18 +270,19 @@ def _judge(joined: wire.Joined, produced: Produced, outcome: Outcome) -> None:
     outcome.seen[frame_id] += 1
     if outcome.seen[frame_id] > 1:
         return
-    if not joined.matched:
+    detections = joined.detections
+    if detections is None:
         outcome.unmatched += 1
         return
     outcome.joined += 1
-    if joined.detections.id != frame_id:
+    if detections.id != frame_id:
         outcome.foreign += 1
-    outcome.labels.update(box.label for box in joined.detections.boxes)
-    outcome.frames_with_boxes += bool(joined.detections.boxes)
+    outcome.labels.update(box.label for box in detections.boxes)
+    outcome.frames_with_boxes += bool(detections.boxes)
     truth = produced.truth[frame_id]
     if truth is None:
         return
-    match = match_boxes(joined.detections.boxes, truth)
+    match = match_boxes(detections.boxes, truth)
     outcome.ious.extend(match.ious)
     if not match.ok:
         outcome.mismatches += 1

@@ -30,11 +30,18 @@ class TruthBox(NamedTuple):
 
 
 class _Rect(Protocol):
-    label: str
-    x: int
-    y: int
-    w: int
-    h: int
+    """Read-only, so named tuples and frozen boxes qualify."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def x(self) -> int: ...
+    @property
+    def y(self) -> int: ...
+    @property
+    def w(self) -> int: ...
+    @property
+    def h(self) -> int: ...
 
 
 def iou(a: _Rect, b: _Rect) -> float:

@@ -57,15 +57,23 @@ def _on(side: str, record: Record) -> bool:
 
 
 def frame_id(record: Record) -> wire.FrameId:
-    return wire.decode(record.value).id
+    return _side_value(record).id
+
+
+def _side_value(record: Record) -> wire.Frame | wire.Detections:
+    """The frame or result of a record on a side (:func:`side_of` is not None)."""
+    decoded = wire.decode(record.value)
+    if isinstance(decoded, wire.Joined):
+        raise ReplayError(f"{record.topic} offset {record.offset}: a joined record is on neither side")
+    return decoded
 
 
 def _with_id(record: Record, new_id: wire.FrameId, bucket_size: int) -> Record:
     """The record of another frame id: its value, its key, and (left to the key partitioner, as
     for the original) its partition."""
-    decoded = dataclasses.replace(wire.decode(record.value), id=new_id)
-    value = (wire.encode_frame(decoded) if isinstance(decoded, wire.Frame)
-             else wire.encode_detections(decoded))
+    decoded = _side_value(record)
+    value = (wire.encode_frame(dataclasses.replace(decoded, id=new_id)) if isinstance(decoded, wire.Frame)
+             else wire.encode_detections(dataclasses.replace(decoded, id=new_id)))
     return dataclasses.replace(record, value=value, key=new_id.bucket_key(bucket_size), partition=None)
 
 
@@ -234,7 +242,7 @@ def parse_transform(spec: str, *, seed: int, position: int, bucket_size: int) ->
     """A transform from its spec (see :data:`SPEC_HELP`); each gets its own seeded generator."""
     name, *args = spec.strip().split(":")
     rng = random.Random(f"{seed}:{position}:{name}")
-    parsers = {
+    parsers: dict[str, tuple[int, Callable[..., Transform]]] = {
         "reorder": (1, lambda n: Reorder(_count(n, spec), rng)),
         "drop": (2, lambda side, p: Drop(_side(side, spec), _fraction(p, spec), rng)),
         "duplicate": (2, lambda side, p: Duplicate(_side(side, spec), _fraction(p, spec), rng)),
@@ -282,13 +290,13 @@ def _ms(text: str, spec: str) -> int:
 
 def apply(records: Iterable[Record], transforms: Iterable[Transform]) -> Records:
     # Transforms move when a record is sent; its event time stays what was recorded.
-    stream = (dataclasses.replace(record, event_ms=record.event_time_ms) for record in records)
+    stream: Records = (dataclasses.replace(record, event_ms=record.event_time_ms) for record in records)
     for transform in transforms:
         stream = transform(stream)
     return stream
 
 
-def interleave(sources: list[Iterable[Record]]) -> Records:
+def interleave(sources: Iterable[Iterable[Record]]) -> Records:
     """Several recordings as one, merged by time, each shifted to start when the first starts."""
     heads = []
     for source in sources:
@@ -345,7 +353,7 @@ def predict(records: Iterable[Record], settings: Settings, *, speed: float | Non
         # The replayer never waits for a timestamp earlier than one it has passed: neither does this clock.
         now = max(now, 0 if speed is None else round((record.timestamp_ms - start) / speed))
         window.expire(now)
-        decoded = wire.decode(record.value)
+        decoded = _side_value(record)
         if window.arrive(record, decoded, now) is not None:
             joined.add(decoded.id)
         window.expire(now)
@@ -367,7 +375,8 @@ class _PredictedWindow(dict):
     def put(self, key: bytes, entry: Entry) -> None:
         self[key] = entry
 
-    def arrive(self, record: Record, decoded, now: int):
+    def arrive(self, record: Record, decoded: wire.Frame | wire.Detections, now: int) -> wire.Joined | None:
+        assert record.value is not None  # decoded from it
         partition = (murmur2(record.key or b"") & 0x7FFFFFFF) % self.partitions
         side = EntryKind.FRAME if isinstance(decoded, wire.Frame) else EntryKind.RESULT
         read = (side, partition, wire.run_of(decoded.id.join_key()))
