@@ -48,7 +48,7 @@ MAX_PAIR_RATE = 100_000
 
 def rates_arg(text: str) -> tuple[float, ...]:
     """Rising rates per second, comma-separated: ``150,300,600``."""
-    rates = []
+    rates: list[float] = []
     for part in text.split(","):
         value = _finite(part.strip())
         if not 0 < value <= MAX_PAIR_RATE:

@@ -263,8 +263,8 @@ def draw_chart(path: Path, report: dict) -> None:
     """Throughput per system and phase (bars) above p99 latency against rate (lines), one colour
     per system in both."""
     systems = report["systems"]
-    throughput = {"backlog drain": {}, "max sustained live": {}}
-    latency = {}
+    throughput: dict[str, dict[str, float]] = {"backlog drain": {}, "max sustained live": {}}
+    latency: dict[str, list[tuple[float, float]]] = {}
     for system in systems.values():
         label = system["label"]
         if system.get("backlog") and system["backlog"]["pairs_per_s"]:
