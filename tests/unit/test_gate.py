@@ -12,7 +12,8 @@ REPO = Path(__file__).resolve().parents[2]
 def require_clean(*command: str) -> None:
     proc = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        pytest.fail(f"python {' '.join(command)} exited with {proc.returncode}:\n{proc.stdout}{proc.stderr}", pytrace=False)
+        pytest.fail(f"python {' '.join(command)} exited with {proc.returncode}:\n{proc.stdout}{proc.stderr}",
+                    pytrace=False)
 
 
 def test_ruff_finds_nothing():
