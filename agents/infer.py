@@ -24,27 +24,18 @@ import numpy as np
 
 from streamapp import assets, wire
 from streamapp.errors import UsageError
+from streamapp.groundtruth import LabelledRect
 from streamapp.imaging import CorruptFrame, decode_frame
 from streamapp.metrics import INFER_LATENCY_BOUNDS
 from streamapp.settings import Settings
 from streamapp.wire import Box, Detections, Frame, FrameId
 
 
-class BoxLike(Protocol):
-    """What a detector returns per object; read-only, so frozen boxes (like wire.Box) qualify."""
+class BoxLike(LabelledRect, Protocol):
+    """What a detector returns per object: read-only, so frozen boxes (like wire.Box) qualify."""
 
     @property
-    def label(self) -> str: ...
-    @property
     def score(self) -> float: ...
-    @property
-    def x(self) -> int: ...
-    @property
-    def y(self) -> int: ...
-    @property
-    def w(self) -> int: ...
-    @property
-    def h(self) -> int: ...
 
 
 class Detector(Protocol):

@@ -29,8 +29,8 @@ class TruthBox(NamedTuple):
         return self._asdict()
 
 
-class _Rect(Protocol):
-    """Read-only, so named tuples and frozen boxes qualify."""
+class LabelledRect(Protocol):
+    """A labelled box in pixels; read-only, so named tuples and frozen boxes qualify."""
 
     @property
     def label(self) -> str: ...
@@ -44,7 +44,7 @@ class _Rect(Protocol):
     def h(self) -> int: ...
 
 
-def iou(a: _Rect, b: _Rect) -> float:
+def iou(a: LabelledRect, b: LabelledRect) -> float:
     """Intersection over union of two boxes given as top-left corner plus width and height."""
     overlap_w = min(a.x + a.w, b.x + b.w) - max(a.x, b.x)
     overlap_h = min(a.y + a.h, b.y + b.h) - max(a.y, b.y)
@@ -77,7 +77,7 @@ class FrameMatch:
         return sum(self.ious) / len(self.ious)
 
 
-def match_boxes(predicted: Sequence[_Rect], truth: Sequence[_Rect], threshold: float = 0.5) -> FrameMatch:
+def match_boxes(predicted: Sequence[LabelledRect], truth: Sequence[LabelledRect], threshold: float = 0.5) -> FrameMatch:
     """Pair predictions with true boxes one-to-one, same label only, best IoU first (greedy)."""
     candidates = sorted(
         ((iou(p, t), p_index, t_index)
