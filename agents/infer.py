@@ -17,7 +17,7 @@ import importlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import cv2
 import numpy as np
@@ -26,9 +26,12 @@ from streamapp import assets, wire
 from streamapp.errors import UsageError
 from streamapp.groundtruth import LabelledRect
 from streamapp.imaging import CorruptFrame, decode_frame
-from streamapp.metrics import INFER_LATENCY_BOUNDS
+from streamapp.samples import INFER_LATENCY_BOUNDS
 from streamapp.settings import Settings
 from streamapp.wire import Box, Detections, Frame, FrameId
+
+if TYPE_CHECKING:
+    from streamapp.worker.stage import Stage
 
 
 class BoxLike(LabelledRect, Protocol):
@@ -385,7 +388,7 @@ def _clip_span(start: float, end: float, limit: int) -> tuple[int, int]:
 BATCH_WAIT_S = 0.01
 
 
-def register(stage) -> None:
+def register(stage: Stage) -> None:
     """Faust agent: ``frames.scaled`` -> ``detections``, detection on the pixel thread.
 
     The agent takes what is buffered, up to ``STREAMAPP_INFER_BATCH`` frames, so a detector that

@@ -23,16 +23,19 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from faust.types import TP
 
 from streamapp import wire
 from streamapp.jpeg import CorruptFrame, check_jpeg
-from streamapp.metrics import JOIN_LATENCY_BOUNDS, Histogram
+from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
 from streamapp.wire import Detections, Frame, Joined
+
+if TYPE_CHECKING:
+    from streamapp.worker.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +186,7 @@ class InStep:
         return {"join_input_partitions_paused": len(self.paused), "join_input_pauses_total": self.pauses}
 
 
-def register(stage) -> None:
+def register(stage: Stage) -> None:
     """The Faust side: one agent over frames + detections taking batches, and the sweep timer."""
     from streamapp.batches import take_batches
     from streamapp.tables.disk import DiskGuard
@@ -206,7 +209,7 @@ def register(stage) -> None:
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
     frames_topic, results_topic = topics.frames.get_topic_name(), topics.detections.get_topic_name()
     # Per (topic, partition): the consumer generation it was asked in, and the position then.
-    start_offsets: dict[tuple[str, int], tuple[int, int]] = {}
+    start_offsets: dict[tuple[str, int], tuple[int, int | None]] = {}
 
     def start_offset(topic: str, number: int) -> int | None:
         generation, offset = start_offsets.get((topic, number), (None, None))

@@ -7,11 +7,16 @@ exact, not aspect-preserving: the mapping back is a per-axis scale.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import cv2
 
 from streamapp import wire
 from streamapp.imaging import UNUSABLE_PIXELS, decode_frame, encode_jpeg
 from streamapp.wire import Frame
+
+if TYPE_CHECKING:
+    from streamapp.worker.stage import Stage
 
 
 def resize_frame(frame: Frame, width: int, height: int, quality: int = 90) -> Frame:
@@ -32,7 +37,7 @@ def resize_frame(frame: Frame, width: int, height: int, quality: int = 90) -> Fr
     )
 
 
-def register(stage) -> None:
+def register(stage: Stage) -> None:
     """Faust agent: ``frames`` -> ``frames.scaled``; undecodable frames are dead-lettered."""
     settings, topics = stage.settings, stage.topics
     stage.metrics.declare("resize_frames_in_total", "resize_frames_out_total")

@@ -21,21 +21,25 @@ import functools
 import logging
 import math
 import os
-import re
 import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
-from streamapp import preview, wire
+from streamapp import wire
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
-from streamapp.preview import LatestFrames
+from streamapp.outputs import SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir, video_segments
+from streamapp.previewframes import LatestFrames
 from streamapp.wire import Box, FrameId, Joined
+
+if TYPE_CHECKING:
+    from streamapp.worker.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,6 @@ UNMATCHED_BANNER = "NO DETECTIONS (unmatched)"
 _PALETTE = ((0, 255, 255), (255, 0, 255), (255, 255, 0), (0, 165, 255),
             (0, 255, 0), (255, 128, 255), (255, 255, 255), (128, 255, 128))
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
-_SEGMENT_NAME = re.compile(r"^(\d{8})-(\d{8})\.avi$")
 
 
 # --- drawing ----------------------------------------------------------------------------------
@@ -94,16 +97,6 @@ def _draw_banner(image: np.ndarray, text: str, scale: float) -> None:
 
 
 # --- frame files ------------------------------------------------------------------------------
-
-
-def epoch_dir(out_dir: str | Path, stream: str, epoch: int) -> Path:
-    if stream in (".", ".."):  # valid stream ids, but they would leave out_dir
-        raise ValueError(f"stream id {stream!r} cannot name an output directory")
-    return Path(out_dir) / stream / str(epoch)
-
-
-def frame_path(out_dir: str | Path, frame_id: FrameId) -> Path:
-    return epoch_dir(out_dir, frame_id.stream, frame_id.epoch) / "frames" / f"{frame_id.index:08d}.jpg"
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -199,7 +192,7 @@ class StreamRetention:
             if not stream_dir.is_dir():
                 continue
             found = [(path.stat().st_mtime_ns, path) for path in stream_dir.glob("*/*/*")
-                     if path.suffix == ".jpg" or _SEGMENT_NAME.match(path.name)]
+                     if path.suffix == ".jpg" or SEGMENT_NAME.match(path.name)]
             for _, path in sorted(found):
                 self.add(stream_dir.name, path)
 
@@ -219,29 +212,6 @@ def _frame_indices(frames_dir: Path) -> list[int]:
         return []
     names = (entry.name for entry in os.scandir(frames_dir))
     return sorted(int(name[:-4]) for name in names if name.endswith(".jpg") and name[:-4].isdigit())
-
-
-def video_dir(out_dir: str | Path, stream: str, epoch: int) -> Path:
-    return epoch_dir(out_dir, stream, epoch) / "video"
-
-
-def segment_path(directory: Path, first: int, last: int) -> Path:
-    return directory / f"{first:08d}-{last:08d}.avi"
-
-
-def video_segments(out_dir: str | Path, stream: str, epoch: int) -> list[Path]:
-    """The finished segments of a run's video, in frame order."""
-    directory = video_dir(out_dir, stream, epoch)
-    if not directory.is_dir():
-        return []
-    return sorted(path for path in directory.iterdir() if _SEGMENT_NAME.match(path.name))
-
-
-def _last_index(segment: Path) -> int:
-    match = _SEGMENT_NAME.match(segment.name)
-    if match is None:
-        raise ValueError(f"{segment} is not named like a video segment")
-    return int(match.group(2))
 
 
 def _no_room() -> None:
@@ -294,7 +264,7 @@ class VideoAssembler:
     def _resume_index(self, out_dir: str | Path, stream: str, epoch: int) -> int:
         for partial in self.video_dir.glob("*.partial.avi"):
             partial.unlink()  # left by a process that was killed; its frames are still on disk
-        return max((_last_index(path) + 1 for path in video_segments(out_dir, stream, epoch)), default=0)
+        return max((last_index(path) + 1 for path in video_segments(out_dir, stream, epoch)), default=0)
 
     def advance(self, limit: int | None = None) -> int:
         """Append the frames that are next in order, at most ``limit``; returns how many were appended.
@@ -511,7 +481,7 @@ SEGMENT_SECONDS = 60
 FPS = 15.0
 
 
-def register(stage) -> None:
+def register(stage: Stage) -> None:
     """Faust agent: ``joined`` -> annotated frame files and each stream run's video segments.
 
     Frames leave the join out of order (unmatched ones a TTL later), so a missing frame is waited
@@ -539,7 +509,7 @@ def register(stage) -> None:
                                       "sink_videos_active": videos.active,
                                       **retention.as_metrics(), **space.as_metrics("sink_")})
     latest = LatestFrames(settings.preview_bytes)
-    preview.register(stage, latest)
+    stage.serve_preview(latest)
     stage.metrics.declare("sink_records_in_total")
 
     def write_frame(joined: Joined) -> bytes | None:
@@ -572,7 +542,8 @@ def register(stage) -> None:
     async def tend():
         await space.unless_full(lambda: stage.offload(tend_videos))
 
-    @stage.app.on_before_shutdown.connect
+    # mode types handlers as VarArg/NamedArg callables, which mypy 2.4 matches with no function, sync or async.
+    @stage.app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def finish_videos(app, **kwargs) -> None:
         try:
             await stage.offload(videos.finish_all)

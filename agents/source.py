@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,8 +20,7 @@ import numpy as np
 from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox
 from streamapp.imaging import encode_jpeg
-from streamapp.settings import parse_stream_id
-from streamapp.wire import Frame, FrameId
+from streamapp.wire import Frame, FrameId, parse_stream_id
 
 DEFAULT_FPS = 15.0
 # BGR colours far apart in hue that the colour detector looks for. All are much brighter than the
@@ -33,18 +31,6 @@ COLOURS = {"red": (40, 40, 255), "green": (0, 255, 0), "blue": (255, 120, 0), "y
 
 class SourceError(StreamappError, RuntimeError):
     """A source that cannot produce frames, e.g. a video file OpenCV cannot open."""
-
-
-_epoch_lock = threading.Lock()
-_last_epoch = 0
-
-
-def new_epoch() -> int:
-    """A run epoch: wall-clock milliseconds, strictly increasing within this process."""
-    global _last_epoch
-    with _epoch_lock:
-        _last_epoch = max(time.time_ns() // 1_000_000, _last_epoch + 1)
-        return _last_epoch
 
 
 def to_frame(frame_id: FrameId, timestamp_ms: int, image: np.ndarray, quality: int = 90) -> Frame:

@@ -25,8 +25,8 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from streamapp.broker import file_lock
 from streamapp.errors import StreamappError
+from streamapp.filelock import file_lock
 
 log = logging.getLogger(__name__)
 Notify = Callable[[str], None]

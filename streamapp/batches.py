@@ -17,7 +17,7 @@ from typing import Any
 from faust import Stream
 from faust.types import EventT
 
-from streamapp.budget import event_bytes
+from streamapp.units import event_bytes
 
 
 async def take_batches(stream: Stream, *, max_bytes: int, max_events: int, linger_s: float = 0.005,

@@ -25,7 +25,6 @@ STAGES = ("resize", "infer", "join", "sink")
 BACKPRESSURE = "backpressure"
 DROP_OLDEST = "drop-oldest"
 OVERLOAD_POLICIES = (BACKPRESSURE, DROP_OLDEST)
-_STREAM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
 
 
@@ -254,13 +253,6 @@ def parse_resolution(raw: str, name: str = "resolution") -> tuple[int, int]:
     if not match:
         raise ValueError(f"{name}: {raw!r} is not WIDTHxHEIGHT, e.g. 320x240")
     return int(match.group(1)), int(match.group(2))
-
-
-def parse_stream_id(raw: str) -> str:
-    if not _STREAM_ID.match(raw):
-        raise ValueError(
-            f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
-    return raw
 
 
 _ENV = {

@@ -1,4 +1,5 @@
-"""Byte sizes and durations written by people: parsed strictly, rejected loudly when ambiguous.
+"""Byte sizes and durations written by people: parsed strictly, rejected loudly when ambiguous;
+and the bytes a buffered record counts for (:func:`event_bytes`), which every byte budget uses.
 
 A size meant as "100 MB" that is silently read as kilobytes is how a 100 GB buffer happens, so
 only units with one meaning are accepted: bytes (``B`` or a bare integer), binary
@@ -9,6 +10,7 @@ lower-case spellings (``mb``, ``mib``) are rejected with the accepted spellings 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from streamapp.errors import UsageError
 
@@ -83,3 +85,13 @@ def _non_negative(value, name):
     if value < 0:
         raise UnitError(f"{name}: must not be negative, got {value}")
     return value
+
+
+def event_bytes(item: Any) -> int:
+    """Key plus value bytes of a buffered event or outgoing message (anything else counts nothing)."""
+    message = getattr(item, "message", None)
+    return _length(getattr(message, "key", None)) + _length(getattr(message, "value", None))
+
+
+def _length(data: Any) -> int:
+    return len(data) if isinstance(data, (bytes, bytearray, memoryview, str)) else 0

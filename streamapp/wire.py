@@ -17,10 +17,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import struct
+import threading
+import time
 
 from streamapp.errors import StreamappError
-from streamapp.settings import parse_stream_id
 
 MAGIC = b"SA"
 VERSION = 1
@@ -28,6 +30,7 @@ _PREFIX = struct.Struct(">2sBcI")  # magic, version, kind, header length
 MAX_HEADER_BYTES = 64 * 1024
 MAX_FRAME_INDEX = 2**40  # 2,300 years at 15 fps
 MAX_EPOCH = 2**53
+_STREAM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_DIMENSION = 16384
 # Capture timestamps outside 2000-01-01 .. 2200-01-01 are nonsense, not clock skew.
 MIN_TIMESTAMP_MS = 946_684_800_000
@@ -63,6 +66,25 @@ class FrameId:
     def bucket_key(self, bucket_size: int) -> bytes:
         """Kafka key of every record of this frame: all topics that feed the join use it."""
         return f"{self.stream}:{self.epoch}:{self.index // bucket_size}".encode()
+
+
+def parse_stream_id(raw: str) -> str:
+    if not _STREAM_ID.match(raw):
+        raise ValueError(
+            f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
+    return raw
+
+
+_epoch_lock = threading.Lock()
+_last_epoch = 0
+
+
+def new_epoch() -> int:
+    """A run epoch: wall-clock milliseconds, strictly increasing within this process."""
+    global _last_epoch
+    with _epoch_lock:
+        _last_epoch = max(time.time_ns() // 1_000_000, _last_epoch + 1)
+        return _last_epoch
 
 
 def run_of(join_key: bytes) -> bytes:

@@ -11,7 +11,9 @@ import uuid
 import pytest
 
 from streamapp import assets
-from streamapp.broker import BrokerError, LocalBroker, free_port
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.common import BrokerError
+from streamapp.tools.localkafka.processes import free_port
 
 
 def pytest_collection_modifyitems(items):

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from streamapp.demo import DemoOptions, run_demo
 from streamapp.settings import Settings
+from streamapp.tools.demo import DemoOptions, run_demo
 
 pytestmark = pytest.mark.e2e
 

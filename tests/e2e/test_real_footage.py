@@ -19,12 +19,13 @@ import pytest
 from streamapp import wire
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
-from streamapp.agents.source import new_epoch, video_file_frames
-from streamapp.broker import free_port
-from streamapp.publisher import FramePublisher
+from streamapp.agents.source import video_file_frames
 from streamapp.settings import STAGES, Settings
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.publisher import FramePublisher
+from streamapp.tools.workers import Worker, wait_until
 from streamapp.topics import ensure_topics
-from streamapp.workers import Worker, wait_until
+from streamapp.wire import new_epoch
 
 from joined_reader import read_joined
 

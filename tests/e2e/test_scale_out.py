@@ -20,14 +20,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
-from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.broker import free_port
-from streamapp.metrics import sample_name
-from streamapp.publisher import FramePublisher, interleave
+from streamapp.agents.source import synthetic_frames
+from streamapp.outputs import frame_path
+from streamapp.samples import sample_name
 from streamapp.settings import STAGES, Settings
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.publisher import FramePublisher, interleave
+from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, topic_names
-from streamapp.workers import Worker
+from streamapp.wire import new_epoch
 
 from joined_reader import read_joined
 
@@ -149,5 +150,5 @@ def test_both_workers_of_every_stage_did_part_of_the_work(run):
 def test_every_metric_a_worker_exposes_has_help(run):
     for worker in run.workers:
         undocumented = {name for name, family in metric_families(worker).items() if not family.documentation}
-        assert not undocumented, f"{worker.stage}: metrics without help in streamapp.metrics.HELP " \
+        assert not undocumented, f"{worker.stage}: metrics without help in streamapp.worker.metrics.HELP " \
                                  f"(and docs/operations.md): {sorted(undocumented)}"

@@ -9,10 +9,11 @@ import time
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.publisher import FramePublisher
+from streamapp.agents.source import synthetic_frames
 from streamapp.settings import Settings
+from streamapp.tools.publisher import FramePublisher
 from streamapp.topics import max_record_bytes, topic_names
+from streamapp.wire import new_epoch
 
 
 async def publish_frames(settings: Settings, stream: str, count: int, *, seed: int) -> list[wire.FrameId]:

@@ -16,16 +16,16 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
 from streamapp.agents.source import synthetic_frames
-from streamapp.broker import free_port
-from streamapp.chaos import read_topic, wait_for
 from streamapp.imaging import encode_jpeg
-from streamapp.publisher import FramePublisher
+from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.tools.chaos import read_topic, wait_for
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.publisher import FramePublisher
+from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.wire import FrameId
-from streamapp.workers import Worker
 
 pytestmark = pytest.mark.kafka
 

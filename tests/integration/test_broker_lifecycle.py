@@ -8,8 +8,10 @@ import asyncio
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streamapp.broker import BrokerError, LocalBroker, free_port
-from streamapp.cli import main
+from streamapp.tools.cli import main
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.common import BrokerError
+from streamapp.tools.localkafka.processes import free_port
 
 pytestmark = pytest.mark.kafka
 

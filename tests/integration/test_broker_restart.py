@@ -7,12 +7,13 @@ import asyncio
 
 import pytest
 
-from streamapp.agents.sink import frame_path
-from streamapp.broker import LocalBroker, free_port
-from streamapp.chaos import read_joined, wait_for
+from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.tools.chaos import read_joined, wait_for
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics
-from streamapp.workers import Worker
 
 from publishing import publish_frames
 

@@ -9,9 +9,10 @@ The cluster is the module's own (never the session's broker); the faults come fr
 
 import pytest
 
-from streamapp.broker import LocalCluster, free_port_block
-from streamapp.chaos import ChaosOptions, run_chaos
 from streamapp.settings import Settings
+from streamapp.tools.chaos import ChaosOptions, run_chaos
+from streamapp.tools.localkafka.cluster import LocalCluster
+from streamapp.tools.localkafka.processes import free_port_block
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from streamapp.agents.sink import frame_path
-from streamapp.chaos import ChaosOptions, Pipeline, read_joined, run_chaos, wait_for
+from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.tools.chaos import ChaosOptions, Pipeline, read_joined, run_chaos, wait_for
 from streamapp.topics import ensure_topics
 
 from publishing import publish_frames

@@ -8,11 +8,11 @@ import shutil
 import pytest
 import rocksdict
 
-from streamapp.agents.sink import frame_path, video_segments
-from streamapp.chaos import Pipeline, read_joined, wait_for
+from streamapp.outputs import frame_path, video_segments
 from streamapp.settings import Settings
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.store import EXPIRY_FAMILY
+from streamapp.tools.chaos import Pipeline, read_joined, wait_for
 from streamapp.topics import ensure_topics
 
 from conftest import fill_disk

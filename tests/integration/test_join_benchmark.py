@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from streamapp.bench import kstreams
-from streamapp.bench.join import JoinBenchOptions, run_join_bench
-from streamapp.broker import BrokerError
+from streamapp.tools.bench import kstreams
+from streamapp.tools.bench.join import JoinBenchOptions, run_join_bench
+from streamapp.tools.localkafka.common import BrokerError
 
 PAIRS = 300
 RATE = 100.0

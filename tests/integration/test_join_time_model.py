@@ -15,11 +15,11 @@ import uuid
 
 import pytest
 
-from streamapp.broker import free_port
-from streamapp.chaos import read_joined
 from streamapp.settings import Settings
+from streamapp.tools.chaos import read_joined
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.workers import Worker, wait_until
 from streamapp.topics import ensure_topics
-from streamapp.workers import Worker, wait_until
 
 from publishing import pair_records, send_at, send_pairs
 

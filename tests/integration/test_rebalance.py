@@ -13,15 +13,15 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.sink import frame_path
-from streamapp.agents.source import new_epoch, synthetic_frames
-from streamapp.broker import free_port
-from streamapp.chaos import processed, read_joined, wait_for
-from streamapp.publisher import FramePublisher
+from streamapp.agents.source import synthetic_frames
+from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.tools.chaos import processed, read_joined, wait_for
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.publisher import FramePublisher
+from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, topic_names
-from streamapp.wire import Detections
-from streamapp.workers import Worker
+from streamapp.wire import Detections, new_epoch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

@@ -6,7 +6,8 @@ Asserts bounds on bytes and counts only; the times in the report are not judged 
 
 from __future__ import annotations
 
-from streamapp.bench.soak import SoakOptions, run_soak
+from streamapp.tools.bench.soak import run_soak
+from streamapp.tools.bench.soak_state import SoakOptions
 
 MIB = 1024**2
 PAIRS = 5000

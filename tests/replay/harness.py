@@ -4,7 +4,7 @@ A run replays the scenario's records into the worker's ``frames`` and ``detectio
 reads ``joined`` as it goes and samples the worker's ``/streamapp/stats/`` for its pending state.
 It ends when the worker has consumed every record, holds nothing pending and every frame is out
 (then reads one more second, to catch a duplicate). The judge compares the outcome with what the
-join's own decision predicts for the same records (``streamapp.replay.predict``), frame by frame.
+join's own decision predicts for the same records (``streamapp.tools.replay.transforms.predict``), frame by frame.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streamapp import replay, wire
-from streamapp.broker import free_port
-from streamapp.recording import Record
-from streamapp.scenario import ReplayPlan, Scenario
+from streamapp import wire
 from streamapp.settings import Settings
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.replay.format import Record
+from streamapp.tools.replay.predict import Prediction
+from streamapp.tools.replay.publish import ReplayTarget, Sent, publish
+from streamapp.tools.replay.scenario import ReplayPlan, Scenario
+from streamapp.tools.replay.transforms import side_of
+from streamapp.tools.workers import Worker, wait_until
 from streamapp.topics import max_record_bytes, topic_names
-from streamapp.workers import Worker, wait_until
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 # Scheduling slack on a loaded 2-core machine, added to every timing bound (never a pass on its own).
@@ -68,7 +71,7 @@ def to_pipeline(records, settings: Settings):
     names = topic_names(settings)
     topics = {"frames": names["frames"], "results": names["detections"]}
     for record in records:
-        side = replay.side_of(record)
+        side = side_of(record)
         if side is not None:
             yield dataclasses.replace(record, topic=topics[side])
 
@@ -88,7 +91,7 @@ class Outcome:
     max_pending_entries: int = 0
     max_pending_bytes: int = 0
     outputs: list[Output] = dataclasses.field(default_factory=list)
-    sent: list[replay.Sent] = dataclasses.field(default_factory=list)
+    sent: list[Sent] = dataclasses.field(default_factory=list)
     drained_after_s: float | None = None  # from the last record sent to no pending entry
     lag_s: float = 0.0  # the worker's longest consumer lag: entries are stored up to this late
 
@@ -161,16 +164,16 @@ def counter_values(stats: dict) -> dict[str, int]:
 
 
 async def run_scenario(worker: Worker, settings: Settings, records: list[Record], speed: float | None,
-                       prediction: replay.Prediction, *, timeout_s: float = 90.0) -> Outcome:
+                       prediction: Prediction, *, timeout_s: float = 90.0) -> Outcome:
     sampler = Sampler(worker)
     before = counter_values(await sampler.poll())
     reader = JoinedReader(settings)
     await reader.start()
-    sent: list[replay.Sent] = []
+    sent: list[Sent] = []
     sampling = asyncio.create_task(sampler.run())
     try:
-        target = replay.ReplayTarget({}, {}, by_key=True)
-        await replay.publish(records, settings, target, speed=speed, on_sent=sent.append)
+        target = ReplayTarget({}, {}, by_key=True)
+        await publish(records, settings, target, speed=speed, on_sent=sent.append)
         last_sent = time.monotonic()
         expected_in = (prediction.counts["frames_in"], prediction.counts["results_in"])
         frames_out = len(prediction.joined | prediction.unmatched)
@@ -205,7 +208,7 @@ def counter_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, in
 # --- judging ----------------------------------------------------------------------------------
 
 
-def expected_counts(scenario: Scenario, prediction: replay.Prediction) -> dict[str, int]:
+def expected_counts(scenario: Scenario, prediction: Prediction) -> dict[str, int]:
     """The scenario file's counters for its own recording; the prediction's for a user's."""
     if user_recordings() is None:
         return scenario.expect
@@ -214,7 +217,7 @@ def expected_counts(scenario: Scenario, prediction: replay.Prediction) -> dict[s
             for key, metric in COUNTERS.items()}
 
 
-def sent_sides(sent: list[replay.Sent]) -> tuple[dict, dict]:
+def sent_sides(sent: list[Sent]) -> tuple[dict, dict]:
     """First copy of every frame sent (value, when sent) and of every result (decoded)."""
     frames, results = {}, {}
     for item in sent:
@@ -226,7 +229,7 @@ def sent_sides(sent: list[replay.Sent]) -> tuple[dict, dict]:
     return frames, results
 
 
-def judge_outputs(outcome: Outcome, prediction: replay.Prediction) -> list[str]:
+def judge_outputs(outcome: Outcome, prediction: Prediction) -> list[str]:
     """Every frame out exactly once, joined or not as predicted, with its own pixels and its own
     result's boxes (a join across streams or epochs would show here)."""
     problems = []
@@ -289,7 +292,7 @@ def unmatched_departures(outcome: Outcome, ttl_s: float) -> list[Departure]:
     return departures
 
 
-def consumer_lag_s(consumed: list[tuple[int, int]], baseline: int, sent: list[replay.Sent]) -> float:
+def consumer_lag_s(consumed: list[tuple[int, int]], baseline: int, sent: list[Sent]) -> float:
     """The longest the worker was behind: at each sample, the age of the oldest record sent but not
     yet consumed (by count; the worker's own counters say how many it has consumed)."""
     times = sorted(item.sent_ms for item in sent)
@@ -298,7 +301,7 @@ def consumer_lag_s(consumed: list[tuple[int, int]], baseline: int, sent: list[re
     return max(lags, default=0) / 1000
 
 
-def most_sent_within(sent: list[replay.Sent], window_s: float) -> int:
+def most_sent_within(sent: list[Sent], window_s: float) -> int:
     """The most records sent in any window of ``window_s``: all that can be pending at once."""
     times = sorted(item.sent_ms for item in sent)
     most, start = 0, 0

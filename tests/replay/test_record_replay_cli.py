@@ -9,8 +9,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streamapp.cli import main
-from streamapp.recording import Recording
+from streamapp.tools.cli import main
+from streamapp.tools.replay.format import Recording
 
 pytestmark = pytest.mark.replay
 

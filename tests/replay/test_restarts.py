@@ -17,13 +17,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streamapp import replay
-from streamapp.agents.sink import frame_path
-from streamapp.broker import free_port
-from streamapp.scenario import Scenario
+from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.replay.predict import Prediction, predict
+from streamapp.tools.replay.publish import ReplayTarget, Sent, publish
+from streamapp.tools.replay.scenario import Scenario
+from streamapp.tools.workers import Worker
 from streamapp.topics import topic_names
-from streamapp.workers import Worker
 
 from harness import (
     COUNTERS,
@@ -90,7 +91,7 @@ def test_join_killed_mid_replay_loses_no_frame(kafka_bootstrap, tmp_path):
         wait_until(sink.ready, 120, "the sink worker to be ready")
         plan = plan_for(scenario, settings)
         records = list(to_pipeline(plan.records(), settings))
-        prediction = replay.predict(records, settings, speed=plan.speed)
+        prediction = predict(records, settings, speed=plan.speed)
         outcome, in_flight, join = asyncio.run(
             _replay_with_kill(join, settings, records, plan.speed, kill_after=len(records) * 2 // 5,
                               log_dir=tmp_path / "logs-2", frames=len(prediction.joined | prediction.unmatched)))
@@ -125,9 +126,9 @@ async def _replay_with_kill(join: Worker, settings: Settings, records, speed, *,
     sampler = Sampler(join)
     reader = JoinedReader(settings)
     await reader.start()
-    sent: list[replay.Sent] = []
+    sent: list[Sent] = []
     publishing = asyncio.create_task(
-        replay.publish(records, settings, replay.ReplayTarget({}, {}, by_key=True), speed=speed,
+        publish(records, settings, ReplayTarget({}, {}, by_key=True), speed=speed,
                        on_sent=sent.append))
     try:
         while len(sent) < kill_after:
@@ -159,7 +160,7 @@ def test_pending_entries_expire_on_time_after_restarts(kafka_bootstrap, tmp_path
         for phase, keep_store in (("store-kept", True), ("changelog-only", False)):
             plan = plan_for(scenario, settings)
             records = list(to_pipeline(plan.records(), settings))
-            prediction = replay.predict(records, settings, speed=plan.speed)
+            prediction = predict(records, settings, speed=plan.speed)
             outcome, recovered_at_ms, join = asyncio.run(
                 _replay_kill_restart(join, settings, records, prediction, keep_store, tmp_path / f"logs-{phase}"))
             print("\n" + outcome.line(f"{scenario.name} ({phase})"))
@@ -179,7 +180,7 @@ def test_pending_entries_expire_on_time_after_restarts(kafka_bootstrap, tmp_path
         join.stop()
 
 
-async def _replay_kill_restart(join: Worker, settings: Settings, records, prediction: replay.Prediction,
+async def _replay_kill_restart(join: Worker, settings: Settings, records, prediction: Prediction,
                                keep_store: bool, log_dir) -> tuple[Outcome, float, Worker]:
     """Burst, wait until only the frames without results are pending and the input offsets are
     committed, SIGKILL, restart (without
@@ -190,9 +191,9 @@ async def _replay_kill_restart(join: Worker, settings: Settings, records, predic
     start = counter_values(await sampler.poll())
     reader = JoinedReader(settings)
     await reader.start()
-    sent: list[replay.Sent] = []
+    sent: list[Sent] = []
     try:
-        await replay.publish(records, settings, replay.ReplayTarget({}, {}, by_key=True), speed=None,
+        await publish(records, settings, ReplayTarget({}, {}, by_key=True), speed=None,
                              on_sent=sent.append)
         pending = len(prediction.unmatched)
         consumed = (prediction.counts["frames_in"], prediction.counts["results_in"])

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from streamapp import replay
-from streamapp.scenario import Scenario
+from streamapp.tools.replay.predict import predict
+from streamapp.tools.replay.scenario import Scenario
 
 from harness import (
     SCENARIOS,
@@ -50,7 +50,7 @@ def test_scenario(path, join_worker):
     assert scenario.settings(settings) == settings, "the scenario needs a join with other settings"
     plan = plan_for(scenario, settings)
     records = list(to_pipeline(plan.records(), settings))
-    prediction = replay.predict(records, settings, speed=plan.speed)
+    prediction = predict(records, settings, speed=plan.speed)
 
     outcome = asyncio.run(run_scenario(worker, settings, records, plan.speed, prediction))
     print("\n" + outcome.line(scenario.name))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import cv2
 import pytest
 
-from streamapp.bench.join import Cameras, Outputs, parse_join_key
-from streamapp.bench.join_report import (
+from streamapp.tools.bench.join import Cameras, Outputs, parse_join_key
+from streamapp.tools.bench.join_report import (
     backlog_summary,
     build_report,
     describe_machine,
@@ -17,8 +17,8 @@ from streamapp.bench.join_report import (
     max_sustained,
     step_summary,
 )
-from streamapp.bench.pairs import FRAME, RESULT, publish_order
-from streamapp.cli import main
+from streamapp.tools.bench.pairs import FRAME, RESULT, publish_order
+from streamapp.tools.cli import main
 
 
 @pytest.mark.parametrize("argv, reason", [

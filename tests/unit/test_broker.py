@@ -12,20 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from streamapp import broker as broker_module
-from streamapp.broker import (
-    BrokerError,
-    LocalBroker,
-    LocalCluster,
-    check_java,
-    ensure_jars,
-    find_java,
-    free_port,
-    last_error_line,
-    new_cluster_id,
-    parse_java_version,
-    port_in_use,
-)
+from streamapp.tools.localkafka import jars, locations, processes
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.cluster import LocalCluster
+from streamapp.tools.localkafka.common import BrokerError
+from streamapp.tools.localkafka.jars import check_java, ensure_jars, find_java, parse_java_version
+from streamapp.tools.localkafka.processes import free_port, last_error_line, new_cluster_id, port_in_use
 
 MIB = 1024**2
 
@@ -108,7 +100,7 @@ def test_start_with_old_java_fails_before_fetching_anything(local, tmp_path, mon
 
 
 def pom_digest() -> str:
-    return hashlib.sha256(broker_module._packaged("pom.xml")).hexdigest()[:16]
+    return hashlib.sha256(jars.packaged("pom.xml")).hexdigest()[:16]
 
 
 def test_no_maven_and_no_cached_jars(tmp_path, monkeypatch):
@@ -142,10 +134,10 @@ def test_an_incomplete_or_outdated_copy_is_not_used(tmp_path, monkeypatch):
 
 def test_kafka_home_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("STREAMAPP_KAFKA_HOME", str(tmp_path / "k"))
-    assert broker_module.kafka_home() == tmp_path / "k"
+    assert locations.kafka_home() == tmp_path / "k"
     monkeypatch.delenv("STREAMAPP_KAFKA_HOME")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert broker_module.kafka_home() == tmp_path / "cache" / "streamapp" / "kafka-4.1.1"
+    assert locations.kafka_home() == tmp_path / "cache" / "streamapp" / "kafka-4.1.1"
 
 
 # --- pid file ------------------------------------------------------------------------------
@@ -306,14 +298,14 @@ def test_a_cluster_does_not_fit_above_the_last_port(tmp_path):
 
 
 def test_a_cluster_in_the_ephemeral_port_range_is_refused(tmp_path):
-    ephemeral = broker_module.ephemeral_ports()
+    ephemeral = processes.ephemeral_ports()
     with pytest.raises(BrokerError, match="overlap the ephemeral range"):
         LocalCluster(tmp_path, ephemeral.start - 2)
 
 
 def test_a_free_port_block_is_free_and_below_the_ephemeral_range():
-    first = broker_module.free_port_block(6)
-    assert first + 6 <= broker_module.ephemeral_ports().start
+    first = processes.free_port_block(6)
+    assert first + 6 <= processes.ephemeral_ports().start
     assert not any(port_in_use(port) for port in range(first, first + 6))
 
 
@@ -334,8 +326,8 @@ def test_extra_properties_override(tmp_path):
 
 
 def test_packaged_broker_files_are_installed():
-    assert b"<artifactId>kafka_2.13</artifactId>" in broker_module._packaged("pom.xml")
-    assert b"Configuration:" in broker_module._packaged("log4j2.yaml")
+    assert b"<artifactId>kafka_2.13</artifactId>" in jars.packaged("pom.xml")
+    assert b"Configuration:" in jars.packaged("log4j2.yaml")
 
 
 def test_the_last_error_line_of_a_broker_log_says_why_it_stopped(tmp_path):

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 from mode.utils.queues import FlowControlEvent
 
-from streamapp.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 from streamapp.settings import BACKPRESSURE, DROP_OLDEST, STAGES, Settings, SettingsError
 from streamapp.topics import max_record_bytes
+from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 
 MIB = 1024**2
 

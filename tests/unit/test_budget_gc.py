@@ -12,10 +12,10 @@ import os
 
 from streamapp.agents.sink import annotate
 from streamapp.agents.source import SyntheticScene, to_frame
-from streamapp.bench.sampler import rss_of
 from streamapp.imaging import CorruptFrame
-from streamapp.metrics import Metrics
+from streamapp.tools.bench.sampler import rss_of
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
+from streamapp.worker.metrics import Metrics
 
 FRAMES = 2000
 WIDTH, HEIGHT = 1280, 720

@@ -14,19 +14,9 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
-from streamapp.metrics import (
-    HELP,
-    STANDARD_FAMILIES,
-    Histogram,
-    Metrics,
-    consumer_gauges,
-    family_of,
-    faust_monitor,
-    parse_sample,
-    peak_rss_bytes,
-    sample_name,
-)
+from streamapp.samples import Histogram, family_of, parse_sample, sample_name
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
+from streamapp.worker.metrics import HELP, STANDARD_FAMILIES, Metrics, consumer_gauges, faust_monitor, peak_rss_bytes
 
 
 def parse(text: str) -> dict:
@@ -213,7 +203,7 @@ def test_peak_rss_of_a_process_started_by_a_large_one_is_its_own():
     held = bytearray(256 * 1024**2)
     held[::4096] = b"x" * len(held[::4096])
     child = subprocess.run(
-        [sys.executable, "-c", "from streamapp.metrics import peak_rss_bytes; print(peak_rss_bytes())"],
+        [sys.executable, "-c", "from streamapp.worker.metrics import peak_rss_bytes; print(peak_rss_bytes())"],
         capture_output=True, text=True, check=True)
     del held
     assert int(child.stdout) < 128 * 1024**2, child.stdout

@@ -2,7 +2,7 @@
 the waiting one, and pending bytes count only what waits."""
 
 from streamapp import wire
-from streamapp.bench.naive import DictJoin
+from streamapp.tools.bench.naive import DictJoin
 
 
 def frame(index: int) -> wire.Frame:

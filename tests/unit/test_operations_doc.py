@@ -5,8 +5,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamapp.metrics import HELP, Metrics, faust_monitor
 from streamapp.settings import _ENV
+from streamapp.worker.metrics import HELP, Metrics, faust_monitor
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 

@@ -1,7 +1,8 @@
 """The preview's frame store: newest frame per stream, bounded in bytes, evictions counted."""
 
-from streamapp.preview import LatestFrames, main_counters
+from streamapp.previewframes import LatestFrames
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
+from streamapp.worker.preview import main_counters
 
 
 def joined(stream: str, index: int, boxes: int = 1, epoch: int = 1) -> Joined:

@@ -2,7 +2,7 @@
 
 import io
 
-from streamapp.progress import Progress
+from streamapp.tools.progress import Progress
 
 
 class Clock:

@@ -9,10 +9,11 @@ import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
 from streamapp import wire
-from streamapp.cli import main
-from streamapp.recording import Record, Recording, RecordingError, RecordingWriter, key_partition, synthetic_records
-from streamapp.replay import side_of
 from streamapp.settings import Settings
+from streamapp.tools.cli import main
+from streamapp.tools.replay.capture import key_partition, synthetic_records
+from streamapp.tools.replay.format import Record, Recording, RecordingError, RecordingWriter
+from streamapp.tools.replay.transforms import side_of
 
 RECORDS = [
     Record("frames", 3, 17, 1_800_000_000_000, b"cam1:1:0", b"\x00\x01value", (("h", b"v"), ("empty", None))),

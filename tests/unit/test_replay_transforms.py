@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from streamapp import replay, wire
-from streamapp.cli import main
-from streamapp.recording import Record, RecordingWriter
-from streamapp.scenario import ReplayPlan, Scenario
+from streamapp import wire
 from streamapp.settings import Settings
+from streamapp.tools.cli import main
+from streamapp.tools.replay.format import Record, RecordingWriter
+from streamapp.tools.replay.predict import predict
+from streamapp.tools.replay.publish import ReplayTarget, _PartitionCounts
+from streamapp.tools.replay.scenario import ReplayPlan, Scenario
+from streamapp.tools.replay.transforms import ReplayError, frame_id, interleave, parse_transform, side_of
 
 SCENARIOS = Path(__file__).parents[1] / "replay" / "scenarios"
 START = 1_800_000_000_000
@@ -40,11 +43,11 @@ def pairs(count: int, stream: str = "cam1", latency_ms: int = 50) -> list[Record
 
 
 def run(spec: str, records: list[Record], seed: int = 1) -> list[Record]:
-    return list(replay.parse_transform(spec, seed=seed, position=0, bucket_size=900)(iter(records)))
+    return list(parse_transform(spec, seed=seed, position=0, bucket_size=900)(iter(records)))
 
 
 def ids(records, side=None):
-    return [wire.decode(r.value).id for r in records if side is None or replay.side_of(r) == side]
+    return [wire.decode(r.value).id for r in records if side is None or side_of(r) == side]
 
 
 def test_reorder_moves_no_record_further_than_its_window_and_keeps_the_times():
@@ -74,7 +77,7 @@ def test_duplicate_repeats_records_of_its_side_right_after_them():
     counts = collections.Counter(r.value for r in doubled)
     repeated = [value for value, count in counts.items() if count == 2]
     assert 50 < len(repeated) < 150 and max(counts.values()) == 2
-    assert all(replay.side_of(Record("t", 0, 0, 0, None, value)) == "frames" for value in repeated)
+    assert all(side_of(Record("t", 0, 0, 0, None, value)) == "frames" for value in repeated)
     assert all(doubled[i + 1].value == doubled[i].value for i in range(len(doubled) - 1)
                if counts[doubled[i].value] == 2 and doubled[i - 1].value != doubled[i].value)
 
@@ -82,11 +85,11 @@ def test_duplicate_repeats_records_of_its_side_right_after_them():
 def test_delay_moves_one_side_later_and_keeps_the_stream_in_time_order():
     delayed = run("delay:frames:1s", pairs(50))
     assert [r.timestamp_ms for r in delayed] == sorted(r.timestamp_ms for r in delayed)
-    frame_times = [r.timestamp_ms for r in delayed if replay.side_of(r) == "frames"]
+    frame_times = [r.timestamp_ms for r in delayed if side_of(r) == "frames"]
     assert frame_times == [index * 100 + 1000 for index in range(50)]
     # Each result now comes before its frame.
     assert ids(delayed)[:10] == [wire.FrameId("cam1", START, index) for index in range(10)]
-    assert all(replay.side_of(r) == "results" for r in delayed[:10])
+    assert all(side_of(r) == "results" for r in delayed[:10])
 
 
 def test_stall_silences_one_side_for_a_while_and_resumes_with_live_data():
@@ -111,9 +114,9 @@ def test_skew_sets_each_cameras_clock_off_its_frames_and_results_together():
     skewed = list(run("skew:60s", records))
     offsets = {}
     for before, after in zip(records, skewed, strict=True):
-        stream = replay.frame_id(before).stream
+        stream = frame_id(before).stream
         offsets.setdefault(stream, set()).add(after.event_time_ms - before.timestamp_ms)
-        if replay.side_of(before) == "frames":
+        if side_of(before) == "frames":
             moved = wire.decode_frame(after.value).timestamp_ms - wire.decode_frame(before.value).timestamp_ms
             assert moved == after.event_time_ms - before.timestamp_ms
     assert all(len(shifts) == 1 for shifts in offsets.values())  # one clock per camera
@@ -134,7 +137,7 @@ def test_records_that_are_not_frames_or_results_pass_untouched():
 def test_interleave_merges_recordings_by_time_from_a_common_start():
     first = [frame_record("cam1", index, 5_000 + index * 100) for index in range(5)]
     second = [frame_record("cam2", index, 90_000 + index * 100 + 50) for index in range(5)]
-    merged = list(replay.interleave([first, second]))
+    merged = list(interleave([first, second]))
     assert [wire.decode(r.value).id.stream for r in merged] == ["cam1", "cam2"] * 5
     assert [r.timestamp_ms for r in merged] == sorted(r.timestamp_ms for r in merged)
     assert [r.timestamp_ms for r in merged[:4]] == [5_000, 5_000, 5_100, 5_100]
@@ -149,8 +152,8 @@ def test_interleave_merges_recordings_by_time_from_a_common_start():
     ("delay:frames:10", "unit"),
 ])
 def test_bad_specs_say_what_is_wrong(spec, message):
-    with pytest.raises(replay.ReplayError, match=message):
-        replay.parse_transform(spec, seed=0, position=0, bucket_size=900)
+    with pytest.raises(ReplayError, match=message):
+        parse_transform(spec, seed=0, position=0, bucket_size=900)
 
 
 def test_predict_follows_the_joins_decision_on_the_replay_clock():
@@ -158,12 +161,12 @@ def test_predict_follows_the_joins_decision_on_the_replay_clock():
     records = pairs(10)
     records += [result_record("cam1", 10, 1_000), frame_record("cam1", 11, 1_100),
                 result_record("cam1", 11, 4_000), frame_record("cam1", 0, 4_100)]
-    prediction = replay.predict(sorted(records, key=lambda r: r.timestamp_ms), settings, speed=1.0)
+    prediction = predict(sorted(records, key=lambda r: r.timestamp_ms), settings, speed=1.0)
     assert prediction.counts == {"frames_in": 12, "results_in": 12, "joined": 10, "unmatched_frames": 1,
                                  "orphan_results": 1, "late_results": 1, "duplicates": 1}
     assert prediction.unmatched == {wire.FrameId("cam1", START, 11)}
     # Twice the speed halves the wait: the late result of frame 11 now makes it.
-    faster = replay.predict(sorted(records, key=lambda r: r.timestamp_ms), settings, speed=2.0)
+    faster = predict(sorted(records, key=lambda r: r.timestamp_ms), settings, speed=2.0)
     assert faster.counts["joined"] == 11 and faster.counts["late_results"] == 0
 
 
@@ -173,7 +176,7 @@ def test_scenario_files_expect_what_the_join_decides_for_their_records(path):
     settings = scenario.settings(Settings())
     plan = ReplayPlan(scenario.recordings, scenario.transforms, seed=scenario.seed, speed=scenario.speed,
                       settings=settings)
-    counts = replay.predict(plan.records(), settings, speed=plan.speed).counts
+    counts = predict(plan.records(), settings, speed=plan.speed).counts
     assert scenario.expect == {"frames": counts["frames_in"], "results": counts["results_in"],
                                "joined": counts["joined"], "unmatched": counts["unmatched_frames"],
                                "orphan": counts["orphan_results"], "late": counts["late_results"],
@@ -185,13 +188,13 @@ def test_recorded_partitions_are_kept_only_where_the_target_has_as_many():
         async def partitions_for(self, topic):
             return {"same": {0, 1, 2, 3}, "more": set(range(8))}[topic]
 
-    target = replay.ReplayTarget({}, {"frames": 4})
-    counts = replay._PartitionCounts(Producer(), target)
+    target = ReplayTarget({}, {"frames": 4})
+    counts = _PartitionCounts(Producer(), target)
     record = frame_record("cam1", 0, 0)
     assert asyncio.run(counts.partition(record, "same")) == 0
-    with pytest.raises(replay.ReplayError, match="recorded with 4 partitions but 'more' has 8"):
+    with pytest.raises(ReplayError, match="recorded with 4 partitions but 'more' has 8"):
         asyncio.run(counts.partition(record, "more"))
-    by_key = replay._PartitionCounts(Producer(), replay.ReplayTarget({}, {"frames": 4}, by_key=True))
+    by_key = _PartitionCounts(Producer(), ReplayTarget({}, {"frames": 4}, by_key=True))
     assert asyncio.run(by_key.partition(record, "more")) is None
 
 
@@ -218,7 +221,7 @@ def test_replay_reports_bad_input_without_a_traceback(tmp_path, capsys):
 def test_malformed_frames_pass_every_transform_untouched():
     valid = frame_record("cam1", 0, 0)
     broken = dataclasses.replace(valid, value=valid.value.replace(b'"index":0', b'"index":-'))
-    assert replay.side_of(broken) is None
+    assert side_of(broken) is None
     for spec in ("restart:1", "skew:1s", "drop:both:1", "delay:both:1s"):
         assert run(spec, [broken]) == [broken]
-    assert replay.predict([broken], Settings(), speed=1.0).counts["frames_in"] == 0
+    assert predict([broken], Settings(), speed=1.0).counts["frames_in"] == 0

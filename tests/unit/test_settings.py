@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from streamapp.settings import STAGES, Settings, SettingsError, parse_resolution, parse_stream_id
+from streamapp.settings import STAGES, Settings, SettingsError, parse_resolution
 from streamapp.units import UnitError, format_bytes, parse_bytes, parse_duration
+from streamapp.wire import parse_stream_id
 
 MIB = 1024**2
 

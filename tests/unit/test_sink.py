@@ -14,14 +14,13 @@ from streamapp.agents.sink import (
     VideoAssemblers,
     annotate,
     contact_sheet,
-    frame_path,
     label_colour,
     save_contact_sheet,
-    video_segments,
 )
 from streamapp.agents.source import SyntheticScene, to_frame
 from streamapp.diskspace import DiskFull
 from streamapp.imaging import CorruptFrame, decode_jpeg
+from streamapp.outputs import frame_path, video_segments
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 NOW_MS = 1_700_000_000_000

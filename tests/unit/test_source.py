@@ -5,17 +5,10 @@ import cv2
 import numpy as np
 import pytest
 
-from streamapp.agents.source import (
-    COLOURS,
-    Pacer,
-    SourceError,
-    SyntheticScene,
-    new_epoch,
-    synthetic_frames,
-    video_file_frames,
-)
+from streamapp.agents.source import COLOURS, Pacer, SourceError, SyntheticScene, synthetic_frames, video_file_frames
 from streamapp.groundtruth import iou
 from streamapp.imaging import decode_frame
+from streamapp.wire import new_epoch
 
 NOW_MS = 1_700_000_000_000
 

@@ -1,0 +1,57 @@
+"""The limit of ``streamapp bench join``: an aiokafka consumer→producer copy of the frame and
+result records into one topic, tuned as a user would (large fetches, 1 MiB batches, 5 ms linger,
+a whole fetched batch in flight before awaiting its acknowledgements).
+
+Run as ``python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...``; it prints ``ready``
+once its partitions are assigned, and copies until it is terminated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from streamapp.settings import Settings
+from streamapp.topics import max_record_bytes
+
+READY_MARKER = "ready"
+MIB = 1024**2
+
+
+async def copy(bootstrap: str, group: str, target: str, sources: list[str]) -> None:
+    limit = max_record_bytes(Settings())
+    consumer = AIOKafkaConsumer(*sources, bootstrap_servers=bootstrap, group_id=group,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=limit,
+                                fetch_max_bytes=64 * MIB)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=limit,
+                                max_batch_size=MIB, linger_ms=5)
+    await consumer.start()
+    await producer.start()
+    try:
+        announced = False
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=2000)
+            if not announced and consumer.assignment():
+                print(READY_MARKER, flush=True)
+                announced = True
+            deliveries = [await producer.send(target, record.value, key=record.key, timestamp_ms=record.timestamp)
+                          for records in batches.values() for record in records]
+            await asyncio.gather(*deliveries)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4:
+        print("usage: python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...", file=sys.stderr)
+        return 2
+    bootstrap, group, target, *sources = argv
+    asyncio.run(copy(bootstrap, group, target, sources))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

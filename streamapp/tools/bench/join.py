@@ -1,0 +1,575 @@
+"""``streamapp bench join``: three systems on one local broker and the same bytes, one after the
+other — a plain aiokafka consumer→producer copy (the limit), a Kafka Streams KStream–KStream join,
+and this project's join worker (``faust -A streamapp.app worker`` with ``STREAMAPP_STAGES=join``).
+
+Each system gets fresh topics per phase and runs as its own process, so its CPU and RSS come from
+/proc the same way. Phases:
+
+* **backlog**: ``pairs`` frame/result pairs preloaded (event time spaced as if recorded live at
+  ``backlog_rate``), then the system started; drain rate, CPU per pair, joined fraction, peak
+  pending state and RSS from its ready moment to its last output.
+* **live**: pairs published at each of ``rates`` for ``live_seconds``, rising, until a rate is not
+  sustained; per rate the joined fraction, lag growth and latency (output read here − when the
+  result, the later of the pair, was published).
+
+Every record's Kafka timestamp is its frame's capture time; a result carries its frame's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+
+from streamapp import wire
+from streamapp.settings import Settings
+from streamapp.tools.bench import copy, join_report, kstreams
+from streamapp.tools.bench.pairs import (
+    FRAME,
+    RESULT_LAG,
+    create_plain_topics,
+    detections_for,
+    encoded_frames,
+    load_producer,
+    pace,
+    publish_order,
+)
+from streamapp.tools.bench.sampler import cpu_seconds_of, rss_of
+from streamapp.tools.localkafka.broker import LocalBroker
+from streamapp.tools.localkafka.common import KAFKA_VERSION
+from streamapp.tools.localkafka.jars import check_java
+from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.workers import Process, Worker, wait_until
+from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.wire import new_epoch
+
+SAMPLE_INTERVAL_S = 0.5
+READY_TIMEOUT_S = 120.0
+# After the TTL the join emits what it could not match; past that, silence means it is done.
+QUIET_AFTER_TTL_S = 5.0
+# Latencies of a step's first tenth are the system settling into the rate, not its steady state.
+WARMUP_FRACTION = 0.1
+
+
+SYSTEMS = ("copy", "kstreams", "streamapp")
+DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinBenchOptions:
+    pairs: int = 20_000
+    rates: tuple[float, ...] = DEFAULT_RATES
+    live_seconds: float = 10.0
+    # Before the first step, this long at the first rate: JIT compilation, caches and connections
+    # settle in every system, so the lowest rate measures the steady state.
+    warmup_s: float = 5.0
+    backlog_rate: float = 150.0
+    ttl_s: float = 5.0
+    streams: int = 1                  # cameras sharing the rate, each at rate / streams
+    systems: tuple[str, ...] = SYSTEMS
+    width: int = 640
+    height: int = 480
+    out: Path = Path("out/bench-join")
+    drain_timeout_s: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cameras:
+    """Pair ``i`` is frame ``i // count`` of camera ``cam<i % count>``: the cameras share the rate."""
+
+    count: int
+
+    def frame_id(self, epoch: int, pair: int) -> wire.FrameId:
+        return wire.FrameId(f"cam{pair % self.count}", epoch, pair // self.count)
+
+    def pair_of(self, stream: str, index: int) -> int:
+        return index * self.count + int(stream.removeprefix("cam"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Topics:
+    prefix: str
+    frames: str
+    results: str
+    output: str
+
+
+# --------------------------------------------------------------------------------------------
+# what one system put out
+
+
+@dataclasses.dataclass
+class Outputs:
+    """A system's output as its reader here sees it, by pair index."""
+
+    cameras: Cameras
+    result_sent_at: dict[int, float]            # the load's: wall time each result went out
+    frames: int = 0                             # frame records out (joined, unmatched or copied)
+    outcomes: dict[int, bool] = dataclasses.field(default_factory=dict)   # index -> joined
+    latencies: dict[int, float] = dataclasses.field(default_factory=dict)
+    last_at: float | None = None                # monotonic time of the latest output
+
+    def pair_out(self, stream: str, frame_index: int, joined: bool, now: float) -> None:
+        index = self.cameras.pair_of(stream, frame_index)
+        self.outcomes[index] = joined
+        sent = self.result_sent_at.get(index)
+        if joined and sent is not None:
+            self.latencies[index] = now - sent
+
+    @property
+    def pairs(self) -> int:
+        """Pairs completely out: for a join one record each, for the copy both records."""
+        return min(self.frames, len(self.outcomes))
+
+    @property
+    def frames_out_twice(self) -> int:
+        """For a join: frame records beyond one per frame (a frame both joined and unmatched)."""
+        return self.frames - len(self.outcomes)
+
+
+def parse_join_key(key: bytes) -> tuple[str, int]:
+    """``stream:epoch:index`` -> (stream, index)."""
+    stream, _, index = key.decode().split(":")
+    return stream, int(index)
+
+
+# --------------------------------------------------------------------------------------------
+# the systems
+
+
+class System:
+    """One system under test: its topics, how it starts, how its output is counted."""
+
+    name: str
+    label: str
+    joins = True
+    pending_measure: str | None = None
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def key_of(self, frame_id: wire.FrameId) -> bytes:
+        return frame_id.join_key()
+
+    def topics(self, prefix: str) -> Topics:
+        return Topics(prefix, f"{prefix}frames", f"{prefix}detections", f"{prefix}joined")
+
+    async def create_topics(self, topics: Topics) -> None:
+        await create_plain_topics(self.settings, [topics.frames, topics.results, topics.output])
+
+    def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
+        """Start the system's process on ``topics``: its state under ``scratch``, its log in ``logs``."""
+        raise NotImplementedError
+
+    def tally(self, outputs: Outputs, record, now: float) -> None:
+        outputs.frames += 1
+        outputs.pair_out(*parse_join_key(record.key), True, now)
+
+
+class Running:
+    """A started system: its process, whether it is ready, its pending state and counters."""
+
+    def __init__(self, process: Process, pending: Callable[[], int | None] = lambda: None,
+                 counters: Callable[[], dict] = dict) -> None:
+        self.process = process
+        self.pid = process.process.pid
+        self.pending_bytes = pending
+        self.counters = counters
+
+    def ready(self) -> bool:
+        return self.process.ready()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class PlainCopy(System):
+    name = "copy"
+    label = "plain copy (aiokafka)"
+    joins = False
+
+    def topics(self, prefix: str) -> Topics:
+        return Topics(prefix, f"{prefix}frames", f"{prefix}detections", f"{prefix}copy")
+
+    def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
+        argv = [sys.executable, "-m", "streamapp.tools.bench.copy", self.settings.bootstrap_servers,
+                f"{topics.prefix}copy", topics.output, topics.frames, topics.results]
+        return Running(Process("plain copy", argv, logs / "copy.log", copy.READY_MARKER))
+
+    def tally(self, outputs: Outputs, record, now: float) -> None:
+        if wire.peek_kind(record.value) == wire.Kind.FRAME:
+            outputs.frames += 1
+        else:
+            outputs.pair_out(*parse_join_key(record.key), True, now)
+
+
+class KafkaStreamsJoin(System):
+    name = "kstreams"
+    label = f"Kafka Streams {kstreams.KAFKA_STREAMS_VERSION}"
+    pending_measure = "RocksDB memtables + SST files of its window stores (its own RocksDB metrics)"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.build = kstreams.ensure_build()
+
+    def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
+        state = scratch / "state"
+        state.mkdir(parents=True, exist_ok=True)
+        argv = kstreams.command(self.build, bootstrap=self.settings.bootstrap_servers,
+                                application_id=f"{topics.prefix}kstreams", frames=topics.frames,
+                                results=topics.results, output=topics.output, state_dir=state,
+                                window_ms=int(self.settings.join_ttl_s * 1000))
+        process = Process("Kafka Streams join", argv, logs / "kstreams.log", kstreams.READY_MARKER)
+        return Running(process, pending=lambda: kstreams.last_rocksdb_bytes(process.log_path))
+
+
+class StreamappJoin(System):
+    name = "streamapp"
+    label = "streamapp join worker"
+    pending_measure = "the worker's join_pending_bytes gauge"
+
+    def key_of(self, frame_id: wire.FrameId) -> bytes:
+        return frame_id.bucket_key(self.settings.bucket_size)
+
+    def worker_settings(self, prefix: str) -> Settings:
+        return self.settings.replace(topic_prefix=prefix, stages=("join",))
+
+    def topics(self, prefix: str) -> Topics:
+        names = topic_names(self.worker_settings(prefix))
+        return Topics(prefix, names["frames"], names["detections"], names["joined"])
+
+    async def create_topics(self, topics: Topics) -> None:
+        await ensure_topics(self.worker_settings(topics.prefix), with_changelog=True)
+
+    def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
+        settings = self.worker_settings(topics.prefix).replace(data_dir=scratch / "data", web_port=free_port())
+        worker = Worker("join", settings, logs)
+        return Running(worker, pending=lambda: _stats(worker).get("join_pending_bytes"),
+                       counters=lambda: {key: value for key, value in _stats(worker).items()
+                                         if key.startswith("join_") and not isinstance(value, dict)})
+
+    def tally(self, outputs: Outputs, record, now: float) -> None:
+        joined = wire.decode_joined(record.value)
+        outputs.frames += 1
+        outputs.pair_out(joined.frame.id.stream, joined.frame.id.index, joined.matched, now)
+
+
+def _stats(worker: Worker) -> dict:
+    try:
+        return worker.stats()
+    except OSError:
+        return {}  # busy for a moment; the sample shows nothing rather than stopping the bench
+
+
+SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStreamsJoin,
+                                         "streamapp": StreamappJoin}
+
+
+# --------------------------------------------------------------------------------------------
+# the load, the reader, the sampler
+
+
+class PairLoad:
+    """Publishes pairs into one system's input topics: each frame, then ``RESULT_LAG`` frames
+    later its result, both with the frame's capture time as the Kafka timestamp."""
+
+    def __init__(self, producer, topics: Topics, key_of: Callable[[wire.FrameId], bytes],
+                 options: JoinBenchOptions) -> None:
+        self.producer = producer
+        self.topics = topics
+        self.key_of = key_of
+        self.size = (options.width, options.height)
+        self.jpegs = encoded_frames(*self.size)
+        self.epoch = new_epoch()
+        self.cameras = Cameras(options.streams)
+        self.result_sent_at: dict[int, float] = {}
+        self.published = 0      # pairs whose result is out
+        self.next_index = 0
+        self.frame_record_bytes = 0
+
+    async def publish(self, count: int, rate: float, capture_ms: Callable[[int], int] | None = None) -> float:
+        """``count`` more pairs at ``rate`` per second (0: as fast as the broker takes them),
+        captured at ``capture_ms(index)`` (default: now). Returns the seconds it took."""
+        width, height = self.size
+        start, started = self.next_index, time.monotonic()
+        captured: dict[int, int] = {}
+        for kind, index in publish_order(start, count):
+            frame_id = self.cameras.frame_id(self.epoch, index)
+            if kind == FRAME:
+                await pace(rate, index - start, started)
+                stamp = captured[index] = capture_ms(index) if capture_ms else int(time.time() * 1000)
+                jpeg = self.jpegs[index % len(self.jpegs)]
+                value = wire.encode_frame(wire.Frame(frame_id, stamp, width, height, jpeg))
+                self.frame_record_bytes = len(value)
+                await self.producer.send(self.topics.frames, value, key=self.key_of(frame_id), timestamp_ms=stamp)
+            else:
+                result = wire.encode_detections(detections_for(frame_id, width, height))
+                await self.producer.send(self.topics.results, result,
+                                         key=self.key_of(frame_id), timestamp_ms=captured.pop(index))
+                self.result_sent_at[index] = time.time()
+                self.published += 1
+        await self.producer.flush()
+        self.next_index = start + count
+        return time.monotonic() - started
+
+
+async def read_outputs(settings: Settings, system: System, topic: str, outputs: Outputs) -> None:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest",
+                                enable_auto_commit=False, max_partition_fetch_bytes=max_record_bytes(settings))
+    await consumer.start()
+    try:
+        while True:
+            batches = await consumer.getmany(timeout_ms=200)
+            now = time.time()
+            for records in batches.values():
+                for record in records:
+                    system.tally(outputs, record, now)
+            if batches:
+                outputs.last_at = time.monotonic()
+    finally:
+        await consumer.stop()
+
+
+class Sampler:
+    """Every half second: the system's RSS, CPU and pending state, and the pairs in and out
+    (kept in the report as each phase's timeline)."""
+
+    def __init__(self, running: Running, load: PairLoad, outputs: Outputs) -> None:
+        self.running = running
+        self.load = load
+        self.outputs = outputs
+        self.started = time.monotonic()
+        self.samples: list[dict] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    async def run(self) -> None:
+        while True:
+            self.samples.append(await asyncio.to_thread(self.sample))
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    def sample(self) -> dict:
+        return {"t": round(self.now(), 2), "rss_bytes": rss_of(self.running.pid),
+                "cpu_s": cpu_seconds_of(self.running.pid), "pending_bytes": self.running.pending_bytes(),
+                "published": self.load.published, "out": self.outputs.pairs}
+
+    def lag_between(self, begin: float, end: float) -> list[tuple[float, int]]:
+        return [(sample["t"], sample["published"] - sample["out"]) for sample in self.samples
+                if begin <= sample["t"] <= end]
+
+
+@contextlib.asynccontextmanager
+async def observing(settings: Settings, system: System, topics: Topics, running: Running, load: PairLoad):
+    """The output reader and the sampler run for as long as the block does."""
+    outputs = Outputs(load.cameras, load.result_sent_at)
+    sampler = Sampler(running, load, outputs)
+    tasks = [asyncio.create_task(read_outputs(settings, system, topics.output, outputs)),
+             asyncio.create_task(sampler.run())]
+    try:
+        yield outputs, sampler
+    finally:
+        for task in tasks:
+            task.cancel()
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [outcome for outcome in ended if isinstance(outcome, Exception)]
+    if failed:
+        raise failed[0]  # a dead reader or sampler would leave the numbers short without saying why
+
+
+async def wait_ready(running: Running, label: str) -> None:
+    # Polled often: the drain is timed from this moment, and a small backlog drains in a second.
+    await asyncio.to_thread(wait_until, running.ready, READY_TIMEOUT_S, f"the {label} to start", poll_s=0.05)
+
+
+async def wait_drained(outputs: Outputs, expected: int, quiet_s: float, timeout_s: float) -> bool:
+    """Until ``expected`` pairs are out (True), or nothing more came out for ``quiet_s``, or
+    ``timeout_s`` passed (False). Silence before the system's first output is not an end: it
+    may read a whole backlog before it emits anything."""
+    began = time.monotonic()
+    while outputs.pairs < expected:
+        now = time.monotonic()
+        quiet = outputs.last_at is not None and now - max(outputs.last_at, began) > quiet_s
+        if quiet or now - began > timeout_s:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# the phases
+
+
+class Bench:
+    """One run: the broker's settings, the options, where scratch state and logs go."""
+
+    def __init__(self, options: JoinBenchOptions, settings: Settings, scratch: Path, log_dir: Path) -> None:
+        self.options = options
+        self.settings = settings
+        self.scratch = scratch
+        self.log_dir = log_dir
+        self.run_id = new_epoch()
+        self.frame_record_bytes = 0
+
+    @property
+    def quiet_s(self) -> float:
+        return self.options.ttl_s + QUIET_AFTER_TTL_S
+
+    def prefix(self, system: System, phase: str) -> str:
+        return f"bench-{self.run_id}.{system.name}.{phase}."
+
+    @contextlib.asynccontextmanager
+    async def started(self, system: System, phase: str):
+        """Fresh topics for the phase, the load's producer, and (once the caller has published
+        what must be there first) the system's process, stopped on the way out."""
+        topics = system.topics(self.prefix(system, phase))
+        await system.create_topics(topics)
+        producer = load_producer(self.settings)
+        await producer.start()
+        running: list[Running] = []
+
+        def start() -> Running:
+            logs = self.log_dir / f"{system.name}-{phase}"
+            logs.mkdir(parents=True, exist_ok=True)
+            running.append(system.start(topics, self.scratch / topics.prefix, logs))
+            return running[0]
+
+        try:
+            yield topics, PairLoad(producer, topics, system.key_of, self.options), start
+        finally:
+            for process in running:
+                await asyncio.to_thread(process.stop)
+            await producer.stop()
+
+    async def backlog(self, system: System) -> dict:
+        options = self.options
+        async with self.started(system, "backlog") as (topics, load, start):
+            first_ms = int(time.time() * 1000 - options.pairs / options.backlog_rate * 1000)
+            published_s = await load.publish(options.pairs, 0,
+                                             lambda index: first_ms + int(index * 1000 / options.backlog_rate))
+            self.frame_record_bytes = load.frame_record_bytes
+            began = time.monotonic()
+            running = start()
+            async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
+                await wait_ready(running, system.label)
+                ready_at, cpu_at_ready = time.monotonic(), cpu_seconds_of(running.pid)
+                await wait_drained(outputs, options.pairs, self.quiet_s, options.drain_timeout_s)
+                cpu_s = cpu_seconds_of(running.pid) - cpu_at_ready
+                counters = await asyncio.to_thread(running.counters)
+                await asyncio.sleep(SAMPLE_INTERVAL_S)  # one more sample of the settled state
+        return join_report.backlog_summary({
+            "pairs": options.pairs, "published_s": round(published_s, 2), "startup_s": ready_at - began,
+            "drain_s": (outputs.last_at or ready_at) - ready_at, "cpu_s": cpu_s, "pairs_out": outputs.pairs,
+            "joined": sum(outputs.outcomes.values()), "frames_out_twice": outputs.frames_out_twice,
+            "counters": counters, "samples": sampler.samples},
+            system.joins)
+
+    async def live(self, system: System) -> dict:
+        steps = []
+        async with self.started(system, "live") as (topics, load, start):
+            running = start()
+            async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
+                await wait_ready(running, system.label)
+                await self.warm_up(load, outputs)
+                for rate in self.options.rates:
+                    step = join_report.step_summary(await self.step(load, outputs, sampler, rate), system.joins)
+                    steps.append(step)
+                    if not step["sustained"]:
+                        break  # higher rates are tried only while the system and the load keep up
+                counters = await asyncio.to_thread(running.counters)
+        return {"steps": steps, "max_sustained": join_report.max_sustained(steps), "counters": counters,
+                "samples": sampler.samples}
+
+    async def warm_up(self, load: PairLoad, outputs: Outputs) -> None:
+        rate = self.options.rates[0]
+        await load.publish(max(1, round(rate * self.options.warmup_s)), rate)
+        await wait_drained(outputs, load.next_index, self.quiet_s, self.options.drain_timeout_s)
+
+    async def step(self, load: PairLoad, outputs: Outputs, sampler: Sampler, rate: float) -> dict:
+        start, count = load.next_index, max(1, round(rate * self.options.live_seconds))
+        began, cpu_before = sampler.now(), self.cpu_seconds(sampler.running)
+        publish_s = await load.publish(count, rate)
+        ended, cpu_after = sampler.now(), self.cpu_seconds(sampler.running)
+        drained = await wait_drained(outputs, load.next_index, self.quiet_s, self.options.drain_timeout_s)
+        indexes = range(start, start + count)
+        steady = range(start + int(count * WARMUP_FRACTION), start + count)
+        return {"rate": rate, "pairs": count, "publish_s": publish_s, "lag": sampler.lag_between(began, ended),
+                "drained": drained, "pairs_out": sum(1 for index in indexes if index in outputs.outcomes),
+                "joined": sum(1 for index in indexes if outputs.outcomes.get(index)),
+                "latencies_s": [outputs.latencies[index] for index in steady if index in outputs.latencies],
+                "cpu_s": {role: cpu_after[role] - cpu_before[role] for role in cpu_after}}
+
+    @staticmethod
+    def cpu_seconds(running: Running) -> dict[str, float]:
+        """CPU used so far by the system and by this process (the load and the output reader):
+        on a small machine they share the cores."""
+        return {"system": cpu_seconds_of(running.pid), "load": cpu_seconds_of(os.getpid())}
+
+    async def run_system(self, name: str) -> dict:
+        system_type = SYSTEM_TYPES[name]
+        result: dict = {"label": system_type.label, "pending_measure": system_type.pending_measure}
+        try:
+            system = system_type(self.settings)
+            result["backlog"] = await self.backlog(system)
+            result["live"] = await self.live(system)
+        except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' numbers
+            result["error"] = f"{type(exc).__name__}: {exc}"
+        return result
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+
+
+def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[str], None] = print) -> dict:
+    """Run every system in turn; write report.json, report.md and join.png under ``options.out``."""
+    out = options.out.resolve()
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    machine_at_start = join_report.describe_machine()
+    systems: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-join-") as scratch:
+        broker = LocalBroker(Path(scratch) / "broker", free_port(), notify=notify)
+        broker.start(timeout=120)
+        try:
+            settings = Settings.from_env().replace(broker=f"kafka://{broker.bootstrap}", join_ttl_s=options.ttl_s)
+            bench = Bench(options, settings, Path(scratch), log_dir)
+            for name in options.systems:
+                notify(f"bench join: {SYSTEM_TYPES[name].label}")
+                systems[name] = asyncio.run(bench.run_system(name))
+        finally:
+            broker.stop()
+    report = join_report.build_report(report_options(options, command, settings, bench), versions(),
+                                      systems, machine_at_start)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(join_report.markdown(report))
+    join_report.draw_chart(out / "join.png", report)
+    return report
+
+
+def report_options(options: JoinBenchOptions, command: str, settings: Settings, bench: Bench) -> dict:
+    return {**dataclasses.asdict(options), "out": str(options.out), "rates": list(options.rates),
+            "systems": list(options.systems), "command": command, "partitions": settings.partitions,
+            "bucket_size": settings.bucket_size, "result_lag": RESULT_LAG,
+            "frame_record_bytes": bench.frame_record_bytes}
+
+
+def versions() -> dict:
+    java = subprocess.run([check_java(), "-version"], capture_output=True, text=True, timeout=60)
+    return {"kafka_broker": KAFKA_VERSION, "kafka_streams": kstreams.KAFKA_STREAMS_VERSION,
+            "kstreams_jvm": shlex.join(kstreams.JVM_OPTIONS[:2]),
+            "java": (java.stderr or java.stdout).splitlines()[0], "python": platform.python_version(),
+            "faust": importlib.metadata.version("faust-streaming"), "aiokafka": importlib.metadata.version("aiokafka")}

@@ -1,0 +1,282 @@
+"""The report of ``streamapp bench join``: per system, backlog drain and live steps summarised,
+the maximum sustained rate decided from the steps, a markdown table and one chart. Pure
+functions of the measurements, so they test without a broker."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from streamapp.tools.bench.plot import bar_image, line_image, write_png
+from streamapp.tools.bench.report import machine, percentile_summary
+
+# A rate is sustained when at least this fraction of its frames came out joined ...
+SUSTAINED_JOINED_FRACTION = 0.999
+# ... and the lag grew by at most this fraction of the rate per second over the step's last
+# two thirds (batching makes the lag jitter by a fraction of a second's input; that is not growth).
+LAG_GROWTH_TOLERANCE = 0.05
+# The load must have offered the rate: below this fraction of it the step says nothing.
+OFFERED_FRACTION = 0.95
+MIB = 1024**2
+
+
+# --------------------------------------------------------------------------------------------
+# backlog
+
+
+def backlog_summary(raw: dict, joins: bool) -> dict:
+    """``raw``: pairs, startup_s, drain_s, cpu_s, pairs_out, joined, counters, samples."""
+    pairs, drain_s = raw["pairs"], raw["drain_s"]
+    pending = [sample["pending_bytes"] for sample in raw["samples"] if sample["pending_bytes"] is not None]
+    return {
+        "pairs": pairs,
+        "published_s": raw["published_s"],
+        "startup_s": round(raw["startup_s"], 2),
+        "drain_s": round(drain_s, 2),
+        "complete": raw["pairs_out"] >= pairs,
+        "pairs_out": raw["pairs_out"],
+        "pairs_per_s": round(raw["pairs_out"] / drain_s, 1) if drain_s > 0 else None,
+        "cpu_s": round(raw["cpu_s"], 2),
+        "cpu_s_per_1k_pairs": round(1000 * raw["cpu_s"] / raw["pairs_out"], 3) if raw["pairs_out"] else None,
+        "joined": raw["joined"] if joins else None,
+        "joined_fraction": round(raw["joined"] / pairs, 5) if joins else None,
+        "frames_out_twice": raw["frames_out_twice"] if joins else None,
+        "unmatched": raw["counters"].get("join_unmatched_frames_total"),
+        "orphan_results": raw["counters"].get("join_orphan_results_total"),
+        "peak_pending_bytes": max(pending) if pending else None,
+        "peak_rss_bytes": max((sample["rss_bytes"] for sample in raw["samples"]), default=0),
+        "samples": raw["samples"],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# live steps
+
+
+def lag_slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, lag in pairs): how fast the lag grows, pairs/s."""
+    if len(points) < 2:
+        return 0.0
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_lag = sum(lag for _, lag in points) / len(points)
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread == 0:
+        return 0.0
+    return sum((t - mean_t) * (lag - mean_lag) for t, lag in points) / spread
+
+
+def step_summary(raw: dict, joins: bool) -> dict:
+    """``raw``: rate, pairs, publish_s, lag (points during publishing), pairs_out, joined,
+    latencies_s (steady part of the step), drained."""
+    rate, pairs = raw["rate"], raw["pairs"]
+    lag = raw["lag"]
+    offered = pairs / raw["publish_s"] if raw["publish_s"] > 0 else math.inf
+    step = {
+        "rate": rate,
+        "pairs": pairs,
+        "offered_rate": round(offered, 1),
+        "lag_growth_pairs_per_s": round(lag_slope(lag[len(lag) // 3:]), 2),
+        "peak_lag_pairs": max((value for _, value in lag), default=0),
+        "drained": raw["drained"],
+        "out_fraction": round(raw["pairs_out"] / pairs, 5),
+        "joined_fraction": round(raw["joined"] / pairs, 5) if joins else None,
+        "latency_s": percentile_summary(raw["latencies_s"]),
+        "cores": {role: round(seconds / raw["publish_s"], 2) for role, seconds in raw["cpu_s"].items()}
+        if raw["publish_s"] > 0 else None,
+    }
+    step["offered"] = offered >= OFFERED_FRACTION * rate
+    step["sustained"] = is_sustained(step)
+    return step
+
+
+def is_sustained(step: dict) -> bool:
+    """The rate was offered, (nearly) every frame came out joined (copied, for the copy), and
+    the lag did not grow."""
+    complete = step["joined_fraction"] if step["joined_fraction"] is not None else step["out_fraction"]
+    return (step["offered"] and complete >= SUSTAINED_JOINED_FRACTION
+            and step["lag_growth_pairs_per_s"] <= LAG_GROWTH_TOLERANCE * step["rate"])
+
+
+def max_sustained(steps: list[dict]) -> dict:
+    """The highest rate of the run of sustained steps from the lowest rate up, and what ended it:
+    ``system`` (a step not sustained), ``load`` (the load could not offer a rate) or ``rates``
+    (every rate tried was sustained)."""
+    best = None
+    for step in sorted(steps, key=lambda step: step["rate"]):
+        if not step["offered"]:
+            return {"rate": best, "limited_by": "load"}
+        if not step["sustained"]:
+            return {"rate": best, "limited_by": "system"}
+        best = step["rate"]
+    return {"rate": best, "limited_by": "rates"}
+
+
+# --------------------------------------------------------------------------------------------
+# the whole report
+
+
+def describe_machine() -> dict:
+    return {**machine(), "nproc": len(os.sched_getaffinity(0)),
+            "load_average": [round(value, 2) for value in os.getloadavg()]}
+
+
+def build_report(options: dict, versions: dict, systems: dict[str, dict], machine_at_start: dict) -> dict:
+    return {"options": options, "versions": versions,
+            "machine": {**machine_at_start, "load_average_at_end": describe_machine()["load_average"]},
+            "systems": systems, "ratios": ratios(systems)}
+
+
+def ratios(systems: dict[str, dict]) -> dict:
+    """This project's join against Kafka Streams and against the plain copy."""
+    def backlog(name: str) -> float | None:
+        return (systems.get(name, {}).get("backlog") or {}).get("pairs_per_s")
+
+    def live(name: str) -> float | None:
+        return ((systems.get(name, {}).get("live") or {}).get("max_sustained") or {}).get("rate")
+
+    def ratio(ours: float | None, theirs: float | None) -> float | None:
+        return round(ours / theirs, 3) if ours and theirs else None
+
+    return {"backlog_vs_kstreams": ratio(backlog("streamapp"), backlog("kstreams")),
+            "backlog_vs_copy": ratio(backlog("streamapp"), backlog("copy")),
+            "live_max_vs_kstreams": ratio(live("streamapp"), live("kstreams"))}
+
+
+def markdown(report: dict) -> str:
+    options, machine_info, versions = report["options"], report["machine"], report["versions"]
+    load = " / ".join(f"{value:.2f}" for value in machine_info["load_average"])
+    load_end = " / ".join(f"{value:.2f}" for value in machine_info["load_average_at_end"])
+    lines = [
+        "# Join benchmark: plain copy, Kafka Streams, streamapp",
+        "",
+        f"`{options['command']}`",
+        "",
+        f"Machine: {machine_info['cpu']}, nproc {machine_info['nproc']}, "
+        f"{machine_info['memory_bytes'] / 1024**3:.1f} GiB memory, load average {load} at the start "
+        f"and {load_end} at the end (1 / 5 / 15 min). {machine_info['system']}.",
+        "",
+        f"One local Apache Kafka {versions['kafka_broker']} broker (KRaft, one node) on 127.0.0.1, "
+        f"{options['partitions']} partitions per topic. Kafka Streams {versions['kafka_streams']} on "
+        f"{versions['java']} (one stream thread, {versions['kstreams_jvm']}); faust-streaming "
+        f"{versions['faust']}, aiokafka {versions['aiokafka']}, Python {versions['python']}.",
+        "",
+        f"Input: frame/result pairs from {options['streams']} camera(s) sharing the rate, "
+        f"{options['width']}×{options['height']} JPEG frames "
+        f"(~{options['frame_record_bytes'] / 1000:.0f} KB records), each result published "
+        f"{options['result_lag']} frames after its frame with its frame's timestamp; join window/TTL "
+        f"{options['ttl_s']:g} s. Backlog: {options['pairs']:,} pairs preloaded, event time spaced as if "
+        f"recorded live at {options['backlog_rate']:g} pairs/s. Live: {options['live_seconds']:g} s at each "
+        f"of {', '.join(f'{rate:g}' for rate in options['rates'])} pairs/s after a {options['warmup_s']:g} s "
+        f"warm-up at the first, stopping at a system's first rate not sustained.",
+        "",
+        "## Backlog drain",
+        "",
+        "| system | pairs/s | CPU s / 1,000 pairs | joined | unmatched | frames out twice | peak pending "
+        "| peak RSS | start s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for system in report["systems"].values():
+        lines.append(_backlog_row(system))
+    lines += ["", "Pending: " + "; ".join(f"{system['label']}: {system['pending_measure']}"
+                                          for system in report["systems"].values() if system.get("pending_measure")),
+              "", "## Live, paced", "",
+              _live_header(options["rates"]), "|---|---|" + "---|" * len(options["rates"])]
+    for system in report["systems"].values():
+        lines.append(_live_row(system, options["rates"]))
+    lines += ["", "Each rate cell: p50 / p99 latency in ms (result published → output read), joined %, "
+              "lag growth in pairs/s (lag: pairs published and not yet out); ✗ marks a step not sustained "
+              "(< 99.9 % joined, or lag growing "
+              f"more than {LAG_GROWTH_TOLERANCE:.0%} of the rate per second). Latencies skip the first "
+              "tenth of each step.", "", _cores_note(report), "", "## Ratios", ""]
+    for key, value in report["ratios"].items():
+        lines.append(f"- {key.replace('_', ' ')}: {value if value is not None else 'n/a'}")
+    errors = [f"- {system['label']}: {system['error']}" for system in report["systems"].values()
+              if system.get("error")]
+    if errors:
+        lines += ["", "## Did not run", "", *errors]
+    return "\n".join(lines) + "\n"
+
+
+def _cores_note(report: dict) -> str:
+    """How many cores each system and the load (publisher and output reader) used at their top step."""
+    parts = []
+    for system in report["systems"].values():
+        steps = [step for step in (system.get("live") or {}).get("steps", []) if step.get("cores")]
+        if steps:
+            top = steps[-1]
+            parts.append(f"{system['label']} at {top['rate']:g}/s: {top['cores']['system']:.2f} cores, "
+                         f"the load {top['cores']['load']:.2f}")
+    if not parts:
+        return ""
+    return ("Cores used during each system's highest step (the load: publisher and output reader in one process): "
+            + "; ".join(parts) + ".")
+
+
+def _backlog_row(system: dict) -> str:
+    backlog = system.get("backlog")
+    if not backlog:
+        return f"| {system['label']} | – | – | – | – | – | – | – | – |"
+    joined = "–" if backlog["joined_fraction"] is None else f"{100 * backlog['joined_fraction']:.2f} %"
+    unmatched = "–" if backlog["unmatched"] is None else f"{backlog['unmatched']:,}"
+    twice = "–" if backlog["frames_out_twice"] is None else f"{backlog['frames_out_twice']:,}"
+    pending = "–" if backlog["peak_pending_bytes"] is None else f"{backlog['peak_pending_bytes'] / MIB:.0f} MiB"
+    rate = f"{backlog['pairs_per_s']:,.0f}" if backlog["pairs_per_s"] else "–"
+    if not backlog["complete"]:
+        rate += f" ({backlog['pairs_out']:,} out)"
+    cpu = f"{backlog['cpu_s_per_1k_pairs']:.2f}" if backlog["cpu_s_per_1k_pairs"] is not None else "–"
+    return (f"| {system['label']} | {rate} | {cpu} | {joined} | {unmatched} | {twice} | {pending} | "
+            f"{backlog['peak_rss_bytes'] / MIB:.0f} MiB | {backlog['startup_s']:.1f} |")
+
+
+def _live_header(rates: list[float]) -> str:
+    return "| system | max sustained pairs/s | " + " | ".join(f"{rate:g}/s" for rate in rates) + " |"
+
+
+def _live_row(system: dict, rates: list[float]) -> str:
+    live = system.get("live")
+    if not live:
+        return f"| {system['label']} | – | " + " | ".join("–" for _ in rates) + " |"
+    best = live["max_sustained"]
+    best_text = f"{best['rate']:g}" if best["rate"] is not None else "none"
+    if best["limited_by"] == "rates":
+        best_text = f"≥ {best_text}"
+    elif best["limited_by"] == "load":
+        best_text += " (load limit)"
+    by_rate = {step["rate"]: step for step in live["steps"]}
+    cells = [_step_cell(by_rate.get(rate)) for rate in rates]
+    return f"| {system['label']} | {best_text} | " + " | ".join(cells) + " |"
+
+
+def _step_cell(step: dict | None) -> str:
+    if step is None:
+        return "–"
+    latency = step["latency_s"]
+    timing = (f"{1000 * latency['p50']:.0f} / {1000 * latency['p99']:.0f} ms" if latency["count"]
+              else "no output")
+    complete = step["joined_fraction"] if step["joined_fraction"] is not None else step["out_fraction"]
+    mark = "" if step["sustained"] else " ✗"
+    return f"{timing}, {100 * complete:.1f} %, {step['lag_growth_pairs_per_s']:+.0f}/s{mark}"
+
+
+def draw_chart(path: Path, report: dict) -> None:
+    """Throughput per system and phase (bars) above p99 latency against rate (lines), one colour
+    per system in both."""
+    systems = report["systems"]
+    throughput: dict[str, dict[str, float]] = {"backlog drain": {}, "max sustained live": {}}
+    latency: dict[str, list[tuple[float, float]]] = {}
+    for system in systems.values():
+        label = system["label"]
+        if system.get("backlog") and system["backlog"]["pairs_per_s"]:
+            throughput["backlog drain"][label] = system["backlog"]["pairs_per_s"]
+        live = system.get("live")
+        if not live:
+            continue
+        if live["max_sustained"]["rate"]:
+            throughput["max sustained live"][label] = live["max_sustained"]["rate"]
+        latency[label] = [(step["rate"], 1000 * step["latency_s"]["p99"])
+                          for step in live["steps"] if step["latency_s"]["count"]]
+    write_png(path,
+              bar_image("pairs per second", throughput, "pairs/s"),
+              line_image("p99 latency against paced rate (result published -> output read)", latency,
+                         unit="ms", scale=1.0, x_unit="/s", markers=True))

@@ -1,0 +1,74 @@
+"""Dead letters: a record a stage cannot use goes here whole, with why and where it came from (R11).
+
+The value is the original bytes untouched; headers say ``reason``, ``stage`` and the source
+``topic``/``partition``/``offset``, so a record can be inspected or replayed from the topic alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+
+import faust
+from faust.exceptions import ProducerSendError
+from faust.types import EventT
+
+from streamapp.worker.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# A reason longer than this is cut: it is for people, and must never make the record too large.
+MAX_REASON_BYTES = 1024
+
+
+class DeadLetters:
+    def __init__(self, topic: faust.TopicT, metrics: Metrics) -> None:
+        self.topic = topic
+        self.metrics = metrics
+
+    async def send(self, event: EventT, *, stage: str, reason: str) -> None:
+        """Dead-letter ``event``: exactly one record, whatever the record is (R11)."""
+        message = event.message
+        log.warning("dead-lettered %s[%d]@%d in %s: %s",
+                    message.topic, message.partition, message.offset, stage, reason)
+        headers = dead_letter_headers(stage, reason, message.topic, message.partition, message.offset)
+        try:
+            # A record with neither key nor value (an empty tombstone) cannot be produced as is.
+            value = b"" if message.value is None and message.key is None else message.value
+            await self.topic.send(key=message.key, value=value, headers=headers)
+        except ProducerSendError as exc:
+            # Our headers pushed a record at the size limit over it: keep why and where it came
+            # from, the original stays at its source offset until retention.
+            await self.topic.send(key=message.key, value=b"", headers=headers + [
+                ("original_dropped", f"{len(message.value or b'')} bytes: {exc}".encode()[:MAX_REASON_BYTES]),
+            ])
+        self.metrics.inc(f"{stage}_dead_lettered_total")
+
+    async def emit(self, event: EventT, *, stage: str, topic: faust.TopicT, key: bytes,
+                   value: bytes, timestamp: float | None = None) -> Awaitable | None:
+        """Send what ``event`` produced to ``topic``; returns its delivery, or None when the
+        producer refused it (too large) and ``event`` was dead-lettered instead. ``timestamp``
+        (seconds) is the output's Kafka timestamp; None stamps it now.
+
+        Straight to Faust's producer: the topic's own send wraps every record in Faust's message
+        and callback objects, which cost more than the send itself, for nothing used here. Faust
+        still flushes this producer before it commits offsets. Under exactly-once the sender is
+        Faust's transaction manager, as for the topic's own send: the output joins the
+        transaction that commits its input's offset."""
+        app = topic.app
+        sender = app.consumer.transactions if app.in_transaction else app.producer
+        try:
+            return await sender.send(topic.get_topic_name(), key, value, None, timestamp, None)
+        except ProducerSendError as exc:
+            await self.send(event, stage=stage, reason=f"output to {topic.get_topic_name()} refused: {exc}")
+            return None
+
+
+def dead_letter_headers(stage: str, reason: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
+    return [
+        ("reason", reason.encode()[:MAX_REASON_BYTES]),
+        ("stage", stage.encode()),
+        ("source_topic", topic.encode()),
+        ("source_partition", str(partition).encode()),
+        ("source_offset", str(offset).encode()),
+    ]

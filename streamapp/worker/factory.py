@@ -1,0 +1,190 @@
+"""The app factory: the Faust app of the stages named in STREAMAPP_STAGES, each loaded by name from
+streamapp.agents and handed a :class:`~streamapp.worker.stage.Stage`.
+
+One function builds the app for any set of stages, so every stage can run alone (and scale on its
+own consumer group) or all together in one process. Settings come from the environment
+(streamapp.settings); buffer sizes are derived from the byte budgets there, never left at Faust's
+message-count defaults.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import faust
+from faust.tables import TableManager
+
+from streamapp import topics as topic_defs
+from streamapp.errors import StreamappError, one_line
+from streamapp.settings import Settings
+from streamapp.tables.memory import shared_rocks_memory
+from streamapp.tables.window import STORE_URL
+from streamapp.worker import consumer
+from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
+from streamapp.worker.deadletter import DeadLetters
+from streamapp.worker.metrics import (
+    PROMETHEUS_CONTENT_TYPE,
+    Metrics,
+    consumer_gauges,
+    faust_monitor,
+    memory_budget_gauges,
+)
+from streamapp.worker.stage import AppTopics, Stage
+
+log = logging.getLogger(__name__)
+
+
+class PromptTableManager(TableManager):
+    """Faust's table manager without the fixed one-second sleep it starts with (there to let
+    tables be defined; ours all are, in create_app, before the worker starts). Every worker
+    pays that second at every start, a third of a restart's budget."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+
+class StreamApp(faust.App):
+    """A Faust app that creates and checks its topics before it consumes anything, and whose
+    buffers are limited in bytes by its memory plan."""
+
+    streamapp_settings: Settings
+    memory_plan: MemoryPlan
+    dropped: OverloadCounts
+    stream_buffers: list[ByteBoundedQueue]
+
+    async def on_first_start(self) -> None:
+        settings = self.streamapp_settings
+        # Here, not in create_app: the consumer is made after this, and the worker's
+        # --web-port (part of the name) is known only now.
+        # Faust types this setting str, though None (its default) is dynamic membership.
+        self.conf.consumer_group_instance_id = settings.group_instance_id(  # type: ignore[assignment]
+            str(self.conf.canonical_url))
+        created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
+        if created:
+            log.info("created topics: %s", ", ".join(created))
+        self.producer.buffer.pending = SendBufferBytes()
+        self.producer.buffer.max_messages = self.memory_plan.send_buffer_bytes
+        await super().on_first_start()
+
+    def _new_transport(self):
+        # Faust's Kafka transport, with a consumer that loses nothing in a rebalance (consumer.py).
+        return consumer.Transport(self.conf.broker_consumer, self)
+
+    def FlowControlQueue(self, maxsize: int | None = None, *, clear_on_resume: bool = False) -> ByteBoundedQueue:
+        queue = ByteBoundedQueue(self.memory_plan.stream_buffer_bytes, policy=self.streamapp_settings.overload,
+                                 dropped=self.dropped, current_generation=lambda: self.consumer_generation_id,
+                                 flow_control=self.flow_control,
+                                 clear_on_resume=clear_on_resume)
+        self.stream_buffers.append(queue)
+        return queue
+
+    def budget_gauges(self) -> dict[str, float]:
+        return {**self.memory_plan.as_metrics(), **self.dropped.as_metrics(),
+                "stream_buffer_bytes": sum(queue.bytes for queue in self.stream_buffers)}
+
+
+# Records per poll and per recovery batch are counts in Faust: a quarter of the memory budget,
+# sized for records of up to 4 MiB (a 4K JPEG is 1-3 MB), at least 32. Stream buffers are
+# limited in bytes instead (streamapp.worker.budget).
+_BUFFERED_RECORD_BYTES = 4 * 1024**2
+_MIN_BUFFER_RECORDS = 32
+
+
+def buffer_records(settings: Settings) -> int:
+    return max(_MIN_BUFFER_RECORDS, settings.memory_budget_bytes // 4 // _BUFFERED_RECORD_BYTES)
+
+
+def standby_replicas(settings: Settings) -> int:
+    """None: a join standby doubles changelog reads and disk. Except for a stateless worker under
+    exactly-once: Faust 0.15.3 gives tableless workers its round-robin assignor, whose assignments
+    lack the topic groups its transactions are named by (KeyError at the first assignment); a
+    standby count above 0 selects Faust's own assignor, and without tables it costs nothing."""
+    stateless = "join" not in settings.stages
+    return 1 if stateless and settings.processing_guarantee == "exactly_once" else 0
+
+
+def create_app(settings: Settings | None = None) -> StreamApp:
+    settings = settings or Settings.from_env()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    records = buffer_records(settings)
+    plan = MemoryPlan.for_settings(settings)
+    app = StreamApp(
+        settings.group_id,
+        broker=settings.broker,
+        store=STORE_URL,
+        datadir=str(settings.data_dir),
+        web_port=settings.web_port,
+        key_serializer="raw",
+        value_serializer="raw",
+        topic_partitions=settings.partitions,
+        topic_disable_leader=True,
+        table_standby_replicas=standby_replicas(settings),
+        topic_replication_factor=settings.replication_factor,
+        broker_max_poll_records=records,
+        consumer_max_fetch_size=plan.fetch_bytes_per_partition,
+        producer_max_request_size=topic_defs.max_record_bytes(settings),
+        producer_max_batch_size=plan.producer_batch_bytes,
+        stream_wait_empty=False,
+        # A worker restarted within the session timeout rejoins as the same static member
+        # (on_first_start) and gets its partitions back without a rebalance; one that stays
+        # down loses them after 10 s (Faust's default is 60 s).
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=2.0,
+        # Every write waits for all in-sync copies (min.insync.replicas on a cluster).
+        producer_acks=-1,
+        processing_guarantee=settings.processing_guarantee,
+        TableManager=PromptTableManager,
+    )
+    app.streamapp_settings = settings
+    app.memory_plan = plan
+    app.dropped = OverloadCounts()
+    app.stream_buffers = []
+    metrics = Metrics()
+    app.monitor = faust_monitor(metrics.registry)
+    metrics.add_gauges(app.budget_gauges)
+    metrics.add_gauges(lambda: memory_budget_gauges(settings.memory_budget_bytes))
+    metrics.add_gauges(lambda: consumer_gauges(app))
+    metrics.declare(*(f"{name}_dead_lettered_total" for name in settings.stages))
+    names = topic_defs.topic_names(settings)
+    app_topics = AppTopics(**{
+        role: app.topic(name, key_serializer="raw", value_serializer="raw", partitions=None)
+        for role, name in names.items()
+    })
+    stage = Stage(
+        app=app,
+        settings=settings,
+        topics=app_topics,
+        metrics=metrics,
+        dead_letters=DeadLetters(app_topics.deadletter, metrics),
+        rocks_memory=shared_rocks_memory(plan.rocksdb_bytes),
+        buffer_records=records,
+        batch_bytes=plan.batch_bytes,
+    )
+    for name in settings.stages:
+        importlib.import_module(f"streamapp.agents.{name}").register(stage)
+
+    @app.page("/streamapp/stats/")
+    async def stats(web, request):
+        return web.json(metrics.snapshot())
+
+    @app.page("/metrics")
+    async def prometheus(web, request):
+        # As a header: aiohttp refuses a content_type argument that names a charset.
+        return web.bytes(metrics.prometheus_text().encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+    return app
+
+
+def create_app_or_exit() -> StreamApp:
+    """The app for ``faust -A streamapp.app``: Faust imports that module, so a bad setting is
+    reported here in one line, with its exit code, instead of under Faust's import traceback."""
+    try:
+        return create_app()
+    except StreamappError as exc:
+        print(f"streamapp: error: {one_line(exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code) from None
+

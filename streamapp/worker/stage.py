@@ -1,0 +1,58 @@
+"""What a stage's ``register`` gets: the app, its topics and what the stages share.
+
+Importing this module builds nothing: the app factory (streamapp.worker.factory) makes the one
+:class:`Stage` of a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import faust
+
+from streamapp.previewframes import LatestFrames
+from streamapp.settings import Settings
+from streamapp.tables.memory import RocksMemory
+from streamapp.worker import preview
+from streamapp.worker.deadletter import DeadLetters
+from streamapp.worker.metrics import Metrics
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class AppTopics:
+    frames: faust.TopicT
+    scaled: faust.TopicT
+    detections: faust.TopicT
+    joined: faust.TopicT
+    deadletter: faust.TopicT
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """What a stage's ``register`` gets: the app and everything shared between stages."""
+
+    app: faust.App
+    settings: Settings
+    topics: AppTopics
+    metrics: Metrics
+    dead_letters: DeadLetters
+    rocks_memory: RocksMemory
+    buffer_records: int
+    batch_bytes: int
+    # One thread for pixel work: decoded images exist one at a time (R7) and the event loop
+    # stays free to heartbeat while a frame is decoded, detected or drawn.
+    pixels: ThreadPoolExecutor = dataclasses.field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="pixels"))
+
+    async def offload(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
+
+    def serve_preview(self, frames: LatestFrames) -> None:
+        """Serve the preview pages of ``frames`` from this worker's web port."""
+        preview.register(self, frames)

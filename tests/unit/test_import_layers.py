@@ -1,0 +1,69 @@
+"""The import contracts of pyproject.toml ([tool.importlinter]) hold: tools -> worker -> agents ->
+tables -> vocabulary, the vocabulary imports nothing above it, and no package's modules import
+each other in a cycle.
+
+``agents/`` and ``tables/`` install as streamapp.agents and streamapp.tables from folders outside
+``streamapp/``, and import-linter reads a package from its folder, so the check runs on a copy
+laid out as installed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def installed_layout(into: Path) -> Path:
+    package = into / "streamapp"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "streamapp", package, ignore=ignore)
+    for folder in ("agents", "tables"):
+        shutil.copytree(REPO / folder, package / folder, ignore=ignore)
+    return into
+
+
+def test_imports_follow_the_layers(tmp_path):
+    root = installed_layout(tmp_path)
+    finished = subprocess.run([str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml")], cwd=root,
+                              env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "0 broken" in finished.stdout
+
+
+def test_every_vocabulary_module_is_under_contract():
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    vocabulary, = (contract for contract in config["contracts"] if contract["type"] == "forbidden")
+    root_modules = {f"streamapp.{path.stem}" for path in (REPO / "streamapp").glob("*.py")
+                    if path.stem not in ("__init__", "app")}
+    assert set(vocabulary["source_modules"]) == root_modules
+
+
+IMPORT_ALL = """
+import importlib, pkgutil
+import streamapp, streamapp.agents, streamapp.tables
+packages = (streamapp, streamapp.agents, streamapp.tables)
+modules = {m.name for p in packages for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")}
+names = sorted(modules - {"streamapp.app"})
+for name in names:
+    importlib.import_module(name)
+from streamapp.worker.stage import Stage
+print(len(names), Stage.__name__)
+"""
+
+
+def test_importing_anything_but_the_app_builds_nothing(tmp_path):
+    env = {**os.environ, "STREAMAPP_DATA_DIR": "data"}
+    env.pop("PYTHONPATH", None)
+    finished = subprocess.run([sys.executable, "-c", IMPORT_ALL], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    count, stage = finished.stdout.split()
+    assert int(count) > 60 and stage == "Stage"
+    assert list(tmp_path.iterdir()) == []
