@@ -16,13 +16,15 @@ import dataclasses
 import importlib
 import math
 import time
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import cv2
 import numpy as np
 
 from streamapp import assets, wire
 from streamapp.errors import UsageError
+from streamapp.groundtruth import LabelledRect
 from streamapp.imaging import CorruptFrame, decode_frame
 from streamapp.samples import INFER_LATENCY_BOUNDS
 from streamapp.settings import Settings
@@ -32,13 +34,11 @@ if TYPE_CHECKING:
     from streamapp.worker.stage import Stage
 
 
-class BoxLike(Protocol):
-    label: str
-    score: float
-    x: int
-    y: int
-    w: int
-    h: int
+class BoxLike(LabelledRect, Protocol):
+    """What a detector returns per object: read-only, so frozen boxes (like wire.Box) qualify."""
+
+    @property
+    def score(self) -> float: ...
 
 
 class Detector(Protocol):
@@ -165,7 +165,8 @@ class HogPeopleDetector:
         self.scale = scale
         self.min_weight = min_weight
         self._hog = cv2.HOGDescriptor()
-        self._hog.setSVMDetector(cv2.HOGDescriptor_getDefaultPeopleDetector())
+        # cv2's stubs say Sequence[float]; it returns the float32 array setSVMDetector takes.
+        self._hog.setSVMDetector(cv2.HOGDescriptor.getDefaultPeopleDetector())  # type: ignore[call-overload]
 
     def detect(self, image: np.ndarray, frame_id: FrameId) -> list[Box]:
         window_w, window_h = self._hog.winSize
@@ -175,7 +176,7 @@ class HogPeopleDetector:
             image, winStride=(self.win_stride, self.win_stride), padding=(8, 8), scale=self.scale)
         # SVM weights are unbounded margins; w / (1 + w) maps them into 0..1 keeping the order.
         return [Box("person", float(weight) / (1.0 + float(weight)), int(x), int(y), int(w), int(h))
-                for (x, y, w, h), weight in zip(rects, np.ravel(weights))
+                for (x, y, w, h), weight in zip(rects, np.ravel(weights), strict=True)
                 if weight > self.min_weight]
 
 
@@ -205,7 +206,7 @@ class YoloDetector:
         self._outputs = self._net.getUnconnectedOutLayersNames()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "YoloDetector":
+    def from_settings(cls, settings: Settings) -> YoloDetector:
         return cls(input_size=settings.yolo_input, confidence=settings.yolo_confidence,
                    nms=settings.yolo_nms, classes=settings.yolo_classes)
 
@@ -217,15 +218,15 @@ class YoloDetector:
 
         ``aspect_ratios`` are the width / height of each image's original frame.
         """
-        placements = [self._placement(image, ratio) for image, ratio in zip(images, aspect_ratios)]
-        canvases = [self._letterboxed(image, placement) for image, placement in zip(images, placements)]
+        placements = [self._placement(image, ratio) for image, ratio in zip(images, aspect_ratios, strict=True)]
+        canvases = [self._letterboxed(image, placement) for image, placement in zip(images, placements, strict=True)]
         self._net.setInput(cv2.dnn.blobFromImages(canvases, 1 / 255.0, swapRB=True, crop=False))
         del canvases
         # One array per YOLO output layer: rows of (cx, cy, w, h, objectness, 80 class scores),
         # relative to the input; batched as (images, rows, 85), or (rows, 85) for one image.
         layers = [layer.reshape(len(images), -1, layer.shape[-1]) for layer in self._net.forward(self._outputs)]
         return [self._boxes(np.concatenate([layer[number] for layer in layers]), image, placement)
-                for number, (image, placement) in enumerate(zip(images, placements))]
+                for number, (image, placement) in enumerate(zip(images, placements, strict=True))]
 
     def _placement(self, image: np.ndarray, aspect_ratio: float) -> tuple[int, int, int, int]:
         """Where the image goes on the square input: left, top, width, height."""
@@ -320,7 +321,7 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
     The decoded images live only in this call.
     """
     started = time.perf_counter()
-    results: list[Detections | Exception | None] = [None] * len(frames)
+    results: dict[int, Detections | Exception] = {}
     images, decoded = [], []
     for position, frame in enumerate(frames):
         try:
@@ -328,16 +329,17 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
             decoded.append(position)
         except CorruptFrame as exc:
             results[position] = exc
+    found: Sequence[Sequence[BoxLike] | Exception]
     try:
         found = _detect_all(detector, images, [frames[position] for position in decoded])
     except Exception as exc:  # noqa: BLE001 - a plugin's failure is the frames', never the worker's
         found = [exc] * len(decoded)
     del images
     elapsed_ms = (time.perf_counter() - started) * 1000.0
-    for position, boxes in zip(decoded, found):
+    for position, boxes in zip(decoded, found, strict=True):
         results[position] = boxes if isinstance(boxes, Exception) else _detections(
             frames[position], boxes, detector.name, elapsed_ms)
-    return results
+    return [results[position] for position in range(len(frames))]
 
 
 def _detect_all(detector: Detector, images: list[np.ndarray], frames: list[Frame]) -> list[Sequence[BoxLike]]:
@@ -347,7 +349,7 @@ def _detect_all(detector: Detector, images: list[np.ndarray], frames: list[Frame
     if batch is not None:
         return batch(images, [(frame.source_width or frame.width) / (frame.source_height or frame.height)
                               for frame in frames])
-    return [detector.detect(image, frame.id) for image, frame in zip(images, frames)]
+    return [detector.detect(image, frame.id) for image, frame in zip(images, frames, strict=True)]
 
 
 def _detections(frame: Frame, found: Sequence[BoxLike], detector_name: str, latency_ms: float) -> Detections:
@@ -416,7 +418,7 @@ async def _infer_events(stage, detector: Detector, latency, events) -> None:
         return
     results = await stage.offload(infer_frames, [scaled for _, scaled in readable], detector)
     stage.metrics.inc("infer_batches_total")
-    for (event, scaled), result in zip(readable, results):
+    for (event, scaled), result in zip(readable, results, strict=True):
         if isinstance(result, Exception):
             reason = str(result) if isinstance(result, CorruptFrame) else f"{detector.name}: {result!r}"
             await stage.dead_letters.send(event, stage="infer", reason=reason)

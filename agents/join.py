@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Iterable, Optional, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol, cast
 
 from faust.types import TP
 
@@ -40,8 +41,14 @@ if TYPE_CHECKING:
 MAX_BATCH_EVENTS = 1000
 
 
+class StartOffsets(Protocol):
+    """What the worker's consumer says about where it reads a partition from in this generation."""
+
+    def start_offset(self, tp: TP) -> int | None: ...
+
+
 class JoinState(Protocol):
-    def get(self, key: bytes) -> Optional[Entry]: ...
+    def get(self, key: bytes) -> Entry | None: ...
 
     def put(self, key: bytes, entry: Entry) -> None: ...
 
@@ -72,7 +79,7 @@ class Joiner:
     latency: Histogram = dataclasses.field(default_factory=lambda: Histogram(JOIN_LATENCY_BOUNDS))
 
     def arrive(self, state: JoinState, record: Frame | Detections, raw: bytes, *,
-               event_ms: int, now_ms: int) -> Optional[Joined]:
+               event_ms: int, now_ms: int) -> Joined | None:
         """One side arrives: wait for the other, complete the pair, or count why it is dropped."""
         side = EntryKind.FRAME if isinstance(record, Frame) else EntryKind.RESULT
         if side == EntryKind.FRAME:
@@ -96,7 +103,7 @@ class Joiner:
             self.counts.duplicates += 1  # a repeat of a side that is waiting or already joined
         return None
 
-    def on_due(self, entry: Entry, now_ms: int) -> tuple[Optional[Entry], Optional[Joined]]:
+    def on_due(self, entry: Entry, now_ms: int) -> tuple[Entry | None, Joined | None]:
         """What replaces an entry at its deadline, and the unmatched frame to emit, if any."""
         if entry.kind == EntryKind.FRAME:
             self.counts.unmatched_frames += 1
@@ -145,7 +152,7 @@ def event_time_ms(message) -> int:
     return round(message.timestamp * 1000)
 
 
-def end_offset(consumer, tp: TP) -> Optional[int]:
+def end_offset(consumer, tp: TP) -> int | None:
     """The partition's end offset as of the consumer's latest fetch; None when unknown (not
     fetched yet, or no longer assigned)."""
     try:
@@ -208,7 +215,7 @@ def register(stage: Stage) -> None:
     progress = ReadProgress(
         frames_topic, results_topic,
         end_offset=lambda topic, number: end_offset(app.consumer, TP(topic, number)),
-        start_offset=lambda topic, number: app.consumer.start_offset(TP(topic, number)),
+        start_offset=lambda topic, number: cast(StartOffsets, app.consumer).start_offset(TP(topic, number)),
         generation=lambda: app.consumer_generation_id,
         clock=now_ms,
     )
@@ -239,7 +246,7 @@ def register(stage: Stage) -> None:
 
     async def expire_and_step() -> None:
         await window.expire(now_ms(), joiner.ttl_ms, progress, on_due)
-        in_step.adjust(number for number, _ in window.table.data.active_partitions())
+        in_step.adjust(number for number, _ in window.store.active_partitions())
 
     async def join_batch(events) -> None:
         transaction = window.transaction()

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import logging
 import math
 import os
 import tempfile
 import time
 import zlib
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
@@ -32,8 +34,7 @@ import numpy as np
 from streamapp import wire
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
-from streamapp.outputs import (SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir,
-                               video_segments)
+from streamapp.outputs import SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir, video_segments
 from streamapp.previewframes import LatestFrames
 from streamapp.wire import Box, FrameId, Joined
 
@@ -343,28 +344,29 @@ class VideoAssembler:
             self.unreadable += 1
             self.next_index += 1
             return []
-        if self._writer is None:
-            self._open(image)
+        writer = self._open(image) if self._writer is None else self._writer
         if (image.shape[1], image.shape[0]) != self._size:
             image = cv2.resize(image, self._size, interpolation=cv2.INTER_AREA)
-        self._writer.write(image)
+        writer.write(image)
         self.next_index += 1
         self.appended += 1
         self._segment_frames += 1
         self._segment_jpeg_bytes += len(data)
         if self._segment_frames >= self.segment_frames or self._segment_jpeg_bytes >= self.segment_bytes:
-            return [self.close_segment()]
+            segment = self.close_segment()
+            return [segment] if segment else []
         return []
 
-    def _open(self, image: np.ndarray) -> None:
+    def _open(self, image: np.ndarray) -> cv2.VideoWriter:
         self.video_dir.mkdir(parents=True, exist_ok=True)
         self._segment_first = self.next_index
         self._size = (image.shape[1], image.shape[0])
-        self._writer = cv2.VideoWriter(str(self._partial_path()), cv2.CAP_OPENCV_MJPEG,
-                                       cv2.VideoWriter_fourcc(*"MJPG"), self.fps, self._size)
-        if not self._writer.isOpened():
-            self._writer = None
+        writer = cv2.VideoWriter(str(self._partial_path()), cv2.CAP_OPENCV_MJPEG,
+                                 cv2.VideoWriter.fourcc(*"MJPG"), self.fps, self._size)
+        if not writer.isOpened():
             raise OSError(f"cannot write video {self._partial_path()}")
+        self._writer = writer
+        return writer
 
     @property
     def counters(self) -> dict[str, int]:
@@ -384,9 +386,9 @@ class VideoAssemblers:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.out_dir = Path(out_dir)
         self.idle_finish_s = idle_finish_s
-        self._options = dict(fps=fps, gap_timeout_s=gap_timeout_s, segment_frames=segment_frames,
-                             segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment,
-                             clock=clock)
+        self._new_assembler = functools.partial(
+            VideoAssembler, fps=fps, gap_timeout_s=gap_timeout_s, segment_frames=segment_frames,
+            segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment, clock=clock)
         self._clock = clock
         self._active: dict[tuple[str, int], VideoAssembler] = {}
 
@@ -394,7 +396,7 @@ class VideoAssemblers:
         """Advance the run of ``frame_id``, starting an assembler for it if it has none."""
         key = (frame_id.stream, frame_id.epoch)
         if key not in self._active:
-            self._active[key] = VideoAssembler(self.out_dir, *key, **self._options)
+            self._active[key] = self._new_assembler(self.out_dir, *key)
         return self._active[key].advance(limit)
 
     def advance_all(self, limit: int | None = None) -> int:
@@ -436,7 +438,8 @@ def contact_sheet(image_paths: Sequence[str | Path], columns: int = 4, tile_widt
         raise ValueError("a contact sheet needs at least one image")
     if columns < 1 or tile_width < 1:
         raise ValueError(f"columns and tile_width must be >= 1, got {columns} and {tile_width}")
-    sheet = tile_height = None
+    sheet: np.ndarray | None = None
+    tile_height = 0
     rows = math.ceil(len(image_paths) / columns)
     for position, path in enumerate(image_paths):
         image = _read_image(path)
@@ -449,6 +452,7 @@ def contact_sheet(image_paths: Sequence[str | Path], columns: int = 4, tile_widt
         top = row * tile_height + (tile_height - height) // 2
         left = column * tile_width + (tile_width - width) // 2
         sheet[top:top + height, left:left + width] = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+    assert sheet is not None  # image_paths is not empty
     return sheet
 
 
@@ -538,7 +542,8 @@ def register(stage: Stage) -> None:
     async def tend():
         await space.unless_full(lambda: stage.offload(tend_videos))
 
-    @stage.app.on_before_shutdown.connect
+    # mode types handlers as VarArg/NamedArg callables, which mypy 2.4 matches with no function, sync or async.
+    @stage.app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def finish_videos(app, **kwargs) -> None:
         try:
             await stage.offload(videos.finish_all)

@@ -11,8 +11,8 @@ import dataclasses
 import itertools
 import math
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import cv2
 import numpy as np
@@ -146,7 +146,7 @@ class SyntheticScene:
         """The BGR image of frame ``index`` and its true boxes."""
         image = self._background.copy()
         boxes = self.truth(index)
-        for mover, box in zip(self._movers, boxes):
+        for mover, box in zip(self._movers, boxes, strict=True):
             mover.draw(image, box)
         return image, boxes
 

@@ -22,8 +22,8 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from streamapp.errors import StreamappError
 from streamapp.filelock import file_lock
@@ -207,6 +207,7 @@ def _extract(archive: Path, member: str, scratch: Path) -> Path:
 
 def _extract_from_tar_stream(command: list[str], member: str, target: Path) -> None:
     with subprocess.Popen(command, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None  # stdout=PIPE
         with tarfile.open(fileobj=proc.stdout, mode="r|*") as stream:
             for entry in stream:
                 if entry.name == member:

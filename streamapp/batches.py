@@ -11,14 +11,16 @@ code consuming the batch is done with it, so offsets commit after the batch's ou
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
-from faust.types import EventT, StreamT
+from faust import Stream
+from faust.types import EventT
 
 from streamapp.units import event_bytes
 
 
-async def take_batches(stream: StreamT, *, max_bytes: int, max_events: int, linger_s: float = 0.005,
+async def take_batches(stream: Stream, *, max_bytes: int, max_events: int, linger_s: float = 0.005,
                        idle_s: float = 1.0) -> AsyncIterator[list[EventT]]:
     loop = asyncio.get_running_loop()
     batch: list[EventT] = []
@@ -41,7 +43,7 @@ async def take_batches(stream: StreamT, *, max_bytes: int, max_events: int, ling
         if size >= max_bytes or len(batch) >= max_events:
             handed_over.clear()
             ready.set()
-            await stream.wait(handed_over)
+            await stream.wait(handed_over)  # type: ignore[arg-type]  # mode's stubs name its own Event; it waits on any
         elif linger is None and (waiting is None or waiting.empty()):
             linger = loop.call_later(linger_s, ready.set)
         return value
@@ -49,10 +51,11 @@ async def take_batches(stream: StreamT, *, max_bytes: int, max_events: int, ling
     acks_before = stream.enable_acks
     stream.enable_acks = False  # acked below, after the batch
     stream.add_processor(add)
-    stream._enable_passive(aiter(stream.channel))  # Faust's own way for take(): drain in the background
+    # Faust's own way for take(): drain in the background (Faust types the channel's iterator loosely).
+    stream._enable_passive(aiter(stream.channel))  # type: ignore[arg-type]
     try:
         while not stream.should_stop:
-            await stream.wait_for_stopped(ready, timeout=idle_s)
+            await stream.wait_for_stopped(ready, timeout=idle_s)  # type: ignore[arg-type]  # as stream.wait above
             if not batch:
                 continue
             accepting.clear()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator, Protocol, TypeVar
+from collections.abc import Iterator
+from typing import Protocol, TypeVar
 
 from aiokafka.errors import KafkaConnectionError
 

@@ -16,8 +16,9 @@ import asyncio
 import errno
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, Optional, TypeVar
+from typing import TypeVar
 
 from streamapp.units import format_bytes
 
@@ -95,10 +96,10 @@ class SpacePause:
         while self.check():
             try:
                 await asyncio.wait_for(self._space.wait(), self.poll_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
-    async def retry(self, write: Callable[[], T], *, offload: Optional[Callable] = None) -> T:
+    async def retry(self, write: Callable[[], T], *, offload: Callable | None = None) -> T:
         """Run ``write`` (in ``offload`` if given) until it does not meet a full disk."""
         while True:
             await self.wait()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import IO, NamedTuple, Protocol
 
 from streamapp.wire import FrameId
 
@@ -28,15 +29,22 @@ class TruthBox(NamedTuple):
         return self._asdict()
 
 
-class _Rect(Protocol):
-    label: str
-    x: int
-    y: int
-    w: int
-    h: int
+class LabelledRect(Protocol):
+    """A labelled box in pixels; read-only, so named tuples and frozen boxes qualify."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def x(self) -> int: ...
+    @property
+    def y(self) -> int: ...
+    @property
+    def w(self) -> int: ...
+    @property
+    def h(self) -> int: ...
 
 
-def iou(a: _Rect, b: _Rect) -> float:
+def iou(a: LabelledRect, b: LabelledRect) -> float:
     """Intersection over union of two boxes given as top-left corner plus width and height."""
     overlap_w = min(a.x + a.w, b.x + b.w) - max(a.x, b.x)
     overlap_h = min(a.y + a.h, b.y + b.h) - max(a.y, b.y)
@@ -69,7 +77,7 @@ class FrameMatch:
         return sum(self.ious) / len(self.ious)
 
 
-def match_boxes(predicted: Sequence[_Rect], truth: Sequence[_Rect], threshold: float = 0.5) -> FrameMatch:
+def match_boxes(predicted: Sequence[LabelledRect], truth: Sequence[LabelledRect], threshold: float = 0.5) -> FrameMatch:
     """Pair predictions with true boxes one-to-one, same label only, best IoU first (greedy)."""
     candidates = sorted(
         ((iou(p, t), p_index, t_index)
@@ -113,7 +121,7 @@ class GroundTruthWriter:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> "GroundTruthWriter":
+    def __enter__(self) -> GroundTruthWriter:
         return self
 
     def __exit__(self, *exc_info) -> None:

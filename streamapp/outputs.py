@@ -41,4 +41,7 @@ def video_segments(out_dir: str | Path, stream: str, epoch: int) -> list[Path]:
 
 
 def last_index(segment: Path) -> int:
-    return int(SEGMENT_NAME.match(segment.name).group(2))
+    match = SEGMENT_NAME.match(segment.name)
+    if match is None:
+        raise ValueError(f"{segment} is not named like a video segment")
+    return int(match.group(2))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Optional
 
 from streamapp.wire import Joined
 
@@ -69,7 +68,7 @@ class LatestFrames:
             self.bytes -= len(evicted.jpeg)
             self.evicted += 1
 
-    def get(self, stream: str) -> Optional[PreviewFrame]:
+    def get(self, stream: str) -> PreviewFrame | None:
         with self._lock:
             return self._frames.get(stream)
 

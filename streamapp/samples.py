@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 # Seconds: from a fast local join to the default 5 s TTL and beyond (a TTL raised by the user).
 JOIN_LATENCY_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -23,7 +23,7 @@ def sample_name(family: str, **labels: object) -> str:
         return family
     escaped = (str(value).replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
                for value in labels.values())
-    return family + "{" + ",".join(f'{name}="{value}"' for name, value in zip(labels, escaped)) + "}"
+    return family + "{" + ",".join(f'{name}="{value}"' for name, value in zip(labels, escaped, strict=True)) + "}"
 
 
 def family_of(sample: str) -> str:
@@ -58,7 +58,7 @@ class Histogram:
     def samples(self, family: str) -> dict[str, float]:
         values: dict[str, float] = {}
         cumulative = 0
-        for bound, count in zip((*self.bounds, math.inf), self._bucket_counts):
+        for bound, count in zip((*self.bounds, math.inf), self._bucket_counts, strict=True):
             cumulative += count
             values[sample_name(f"{family}_bucket", le=format_number(bound))] = cumulative
         values[f"{family}_sum"] = round(self.sum, 6)

@@ -13,8 +13,8 @@ import math
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from streamapp.errors import UsageError
 from streamapp.units import UnitError, parse_bytes, parse_duration
@@ -153,7 +153,7 @@ class Settings:
         return self.broker.removeprefix("kafka://")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         values: dict = {}
         for field, (variable, parse) in _ENV.items():
@@ -186,7 +186,7 @@ class Settings:
         env["STREAMAPP_RESIZE"] = f"{self.resize_width}x{self.resize_height}"
         return env
 
-    def replace(self, **changes) -> "Settings":
+    def replace(self, **changes) -> Settings:
         return dataclasses.replace(self, **changes)
 
 

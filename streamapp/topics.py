@@ -106,7 +106,7 @@ class DiskPlan:
         rows.append(("total", "", "", f"{format_bytes(self.total_bytes)} of {format_bytes(self.budget_bytes)}"))
         widths = [max(len(row[column]) for row in rows) for column in range(4)]
         return "\n".join("  ".join(cell.ljust(width) if column == 0 else cell.rjust(width)
-                                   for column, (cell, width) in enumerate(zip(row, widths))).rstrip()
+                                   for column, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
                          for row in rows)
 
 

@@ -70,7 +70,8 @@ class FrameId:
 
 def parse_stream_id(raw: str) -> str:
     if not _STREAM_ID.match(raw):
-        raise ValueError(f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
+        raise ValueError(
+            f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
     return raw
 
 

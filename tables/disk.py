@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, Optional
 
 from streamapp.diskspace import SpacePause, free_bytes_of
 from streamapp.units import format_bytes
@@ -34,7 +34,7 @@ EXPIRE_DOWN_TO = 0.75   # of the budget: stop when pending bytes are back under 
 
 class DiskGuard:
     def __init__(self, budget_bytes: int, data_dir: Path, *, reserve_bytes: int,
-                 free_bytes: Optional[Callable[[], int]] = None) -> None:
+                 free_bytes: Callable[[], int] | None = None) -> None:
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
         self.space = SpacePause("the join", free_bytes or free_bytes_of(data_dir), resume_bytes=reserve_bytes)
@@ -86,7 +86,7 @@ class DiskGuard:
                 **self.space.as_metrics()}
 
 
-def deadline_to_free(partitions, excess_bytes: int) -> Optional[int]:
+def deadline_to_free(partitions, excess_bytes: int) -> int | None:
     """The earliest deadline such that entries due by it hold at least ``excess_bytes``."""
     if excess_bytes <= 0:
         return None

@@ -49,7 +49,7 @@ class Entry:
         return _HEADER.pack(self.kind, self.deadline_ms, self.event_ms) + self.payload
 
     @classmethod
-    def decode(cls, value: bytes) -> "Entry":
+    def decode(cls, value: bytes) -> Entry:
         kind, deadline_ms, event_ms = _HEADER.unpack_from(value)
         if kind not in EntryKind.ALL:
             raise ValueError(f"join store entry of unknown kind {kind!r}")

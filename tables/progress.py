@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 # Camera runs remembered per input partition; beyond it the least recently seen is forgotten (its
 # entries then leave by the caught-up rule only). About 100 bytes each.
@@ -35,9 +35,9 @@ class SideProgress:
 
     generation: int
     created_ms: int = 0
-    next_offset: Optional[int] = None
-    caught_up_ms: Optional[int] = None  # when it was last found caught up
-    event_ms: "collections.OrderedDict[bytes, int]" = dataclasses.field(default_factory=collections.OrderedDict)
+    next_offset: int | None = None
+    caught_up_ms: int | None = None  # when it was last found caught up
+    event_ms: collections.OrderedDict[bytes, int] = dataclasses.field(default_factory=collections.OrderedDict)
     forgotten_runs: int = 0
 
     def passed(self, offset: int) -> None:
@@ -51,13 +51,13 @@ class SideProgress:
             self.event_ms.popitem(last=False)
             self.forgotten_runs += 1
 
-    def read_past(self, run: bytes) -> Optional[int]:
+    def read_past(self, run: bytes) -> int | None:
         return self.event_ms.get(run)
 
-    def latest_event_ms(self) -> Optional[int]:
+    def latest_event_ms(self) -> int | None:
         return max(self.event_ms.values(), default=None)
 
-    def caught_up(self, end_offset: Optional[int], start_offset: Optional[int]) -> bool:
+    def caught_up(self, end_offset: int | None, start_offset: int | None) -> bool:
         """True when nothing is left to read: the next offset (what this join read, else where
         the consumer starts) has reached the partition's end offset. Unknown is not caught up."""
         position = self.next_offset if self.next_offset is not None else start_offset
@@ -69,7 +69,7 @@ class SideProgress:
 
 
 # (topic, partition) -> end offset / start offset, as the consumer knows them now.
-OffsetLookup = Callable[[str, int], Optional[int]]
+OffsetLookup = Callable[[str, int], int | None]
 
 
 class ReadProgress:
@@ -109,7 +109,7 @@ class ReadProgress:
     def behind(self, side: int, partition: int) -> bool:
         return not self.caught_up(side, partition) and self.side(side, partition).behind(self._clock())
 
-    def ahead(self, partition: int, lead_ms: int) -> Optional[int]:
+    def ahead(self, partition: int, lead_ms: int) -> int | None:
         """The side of ``partition`` that has read more than ``lead_ms`` past the other in event
         time while the other is behind (a backlog to read): it should wait (None: neither). A
         side whose partner is caught up never waits, so a silent side can never stall the other,

@@ -22,12 +22,14 @@ restart could lose (R4).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import heapq
 import os
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, cast
 
 import rocksdict
 from faust.stores import rocksdb as faust_rocksdb
@@ -62,7 +64,7 @@ class PartitionStats:
     pending_entries: int = 0
     pending_bytes: int = 0
 
-    def add(self, kind: bytes, value_length: int, sign: int) -> None:
+    def add(self, kind: builtins.bytes, value_length: int, sign: int) -> None:  # the field shadows bytes
         self.entries += sign
         self.bytes += sign * value_length
         if kind in EntryKind.PENDING:
@@ -83,7 +85,7 @@ class JoinPartition:
         self._index_handle = db.get_column_family_handle(EXPIRY_FAMILY)
         self.stats = self._count()
 
-    def get(self, key: bytes) -> Optional[bytes]:
+    def get(self, key: bytes) -> bytes | None:
         return self.db.get(key)
 
     def close(self) -> None:
@@ -91,17 +93,17 @@ class JoinPartition:
         del self._index, self._index_handle
         self.db.close()
 
-    def write(self, key: bytes, value: Optional[bytes]) -> None:
+    def write(self, key: bytes, value: bytes | None) -> None:
         """Put (or delete, when ``value`` is None) an entry and move its index keys with it."""
         self.write_many([(key, value)])
 
-    def write_many(self, changes: Iterable[tuple[bytes, Optional[bytes]]], *, wait: bool = True) -> None:
+    def write_many(self, changes: Iterable[tuple[bytes, bytes | None]], *, wait: bool = True) -> None:
         """Apply puts and deletes in order as one atomic batch (a join batch, recovery, standbys).
 
         With ``wait=False`` a write RocksDB would hold back (its flushes are behind, or failing on
         a full disk) raises "Write stall" at once instead of blocking the thread."""
         batch = rocksdict.WriteBatch(raw_mode=True)
-        staged: dict[bytes, Optional[_Described]] = {}
+        staged: dict[bytes, _Described | None] = {}
         counted: list[tuple[bytes, int, int]] = []
         for key, value in changes:
             old = staged[key] if key in staged else _describe(self.db.get(key))
@@ -118,7 +120,7 @@ class JoinPartition:
         found: list[tuple[bytes, bytes]] = []
         for kind in kinds:
             prefix = _BY_DEADLINE + kind
-            for index_key in self._index.keys(from_key=prefix):
+            for index_key in _raw_keys(self._index, prefix):
                 if len(found) >= limit or not index_key.startswith(prefix):
                     break
                 (deadline,) = _TIME.unpack_from(index_key, len(prefix))
@@ -127,7 +129,7 @@ class JoinPartition:
                 self._found(found, bytes(index_key[len(prefix) + _TIME.size:]))
         return found
 
-    def due_by_event(self, kind: bytes, read_past: Callable[[bytes], Optional[int]], ttl_ms: int,
+    def due_by_event(self, kind: bytes, read_past: Callable[[bytes], int | None], ttl_ms: int,
                      limit: int) -> list[tuple[bytes, bytes]]:
         """Up to ``limit`` pending entries of ``kind`` whose partner can no longer arrive: the
         other side has read their camera run past their event time + TTL (``read_past`` gives
@@ -161,20 +163,20 @@ class JoinPartition:
         self.db.compact_range(None, None)
         self._index.compact_range(None, None)
 
-    def oldest_deadline_ms(self) -> Optional[int]:
+    def oldest_deadline_ms(self) -> int | None:
         return self._first_deadline(EntryKind.ALL)
 
-    def oldest_pending_deadline_ms(self) -> Optional[int]:
+    def oldest_pending_deadline_ms(self) -> int | None:
         """The earliest deadline of a frame or result."""
         return self._first_deadline(EntryKind.PENDING)
 
-    def _first_deadline(self, kinds: Iterable[bytes]) -> Optional[int]:
+    def _first_deadline(self, kinds: Iterable[bytes]) -> int | None:
         return min((deadline for kind in kinds for deadline, _ in self._deadlines(kind, first_only=True)),
                    default=None)
 
     def _deadlines(self, kind: bytes, *, first_only: bool = False) -> Iterator[tuple[int, int]]:
         prefix = _BY_DEADLINE + kind
-        for index_key, value in self._index.items(from_key=prefix):
+        for index_key, value in _raw_items(self._index, prefix):
             if not index_key.startswith(prefix):
                 return
             yield _TIME.unpack_from(index_key, len(prefix))[0], _INDEX_VALUE.unpack(value)[1]
@@ -186,7 +188,7 @@ class JoinPartition:
         if value is not None:
             found.append((key, value))
 
-    def _stage(self, batch, key: bytes, old: Optional[_Described], new: Optional[bytes],
+    def _stage(self, batch, key: bytes, old: _Described | None, new: bytes | None,
                counted: list[tuple[bytes, int, int]]) -> None:
         if old is not None:
             old_kind, old_deadline, old_event, old_length = old
@@ -209,7 +211,7 @@ class JoinPartition:
     def _count(self) -> PartitionStats:
         # Bounded by what is pending (fps x TTL) plus markers, so a scan at open is cheap.
         stats = PartitionStats()
-        for index_key, value in self._index.items(from_key=_BY_DEADLINE):
+        for index_key, value in _raw_items(self._index, _BY_DEADLINE):
             if not index_key.startswith(_BY_DEADLINE):
                 break
             kind, length = _INDEX_VALUE.unpack(value)
@@ -217,7 +219,17 @@ class JoinPartition:
         return stats
 
 
-def _describe(value: Optional[bytes]) -> Optional[_Described]:
+def _raw_keys(family: rocksdict.Rdict, from_key: bytes) -> Iterator[bytes]:
+    # Opened in raw mode (RocksMemory.options), every key is bytes; rocksdict types keys as any
+    # of the types its other modes store.
+    return cast(Iterator[bytes], family.keys(from_key=from_key))
+
+
+def _raw_items(family: rocksdict.Rdict, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
+    return cast(Iterator[tuple[bytes, bytes]], family.items(from_key=from_key))
+
+
+def _describe(value: bytes | None) -> _Described | None:
     if value is None:
         return None
     return (*peek_times(value), len(value))
@@ -265,7 +277,7 @@ class JoinStore(faust_rocksdb.Store):
     def active_partitions(self) -> Iterator[tuple[int, JoinPartition]]:
         """Partitions this worker owns (not standbys): the only ones it may expire."""
         actives = self.app.assignor.assigned_actives()
-        topic = self.table.changelog_topic_name
+        topic = self.table.changelog_topic.get_topic_name()
         for number in sorted(self._partitions):
             if TP(topic, number) in actives:
                 yield number, self._partitions[number]
@@ -275,14 +287,14 @@ class JoinStore(faust_rocksdb.Store):
         while a caller awaits something."""
         actives = self.app.assignor.assigned_actives()
         return (self._partitions.get(number) is partition
-                and TP(self.table.changelog_topic_name, number) in actives)
+                and TP(self.table.changelog_topic.get_topic_name(), number) in actives)
 
     def all_partitions(self) -> Iterator[tuple[int, JoinPartition]]:
         return iter(sorted(self._partitions.items()))
 
     # --- Faust's write paths ------------------------------------------------------------------
 
-    def _set(self, key: bytes, value: Optional[bytes]) -> None:
+    def _set(self, key: bytes, value: bytes | None) -> None:
         self.partition(self._event_partition()).write(key, value)
 
     def _del(self, key: bytes) -> None:
@@ -294,10 +306,12 @@ class JoinStore(faust_rocksdb.Store):
         to_key: Callable[[Any], Any],
         to_value: Callable[[Any], Any],
     ) -> None:
-        by_partition: dict[int, list[tuple[bytes, Optional[bytes]]]] = {}
+        by_partition: dict[int, list[tuple[bytes, bytes | None]]] = {}
         offsets: dict[TP, int] = {}
         for event in batch:
             message = event.message
+            if message.key is None:  # never: a compacted topic refuses records without a key
+                raise ValueError(f"{message.tp} offset {message.offset}: a changelog record without a key")
             by_partition.setdefault(message.partition, []).append((message.key, message.value))
             offsets[message.tp] = max(message.offset, offsets.get(message.tp, -1))
         for number, changes in by_partition.items():
@@ -315,7 +329,7 @@ class JoinStore(faust_rocksdb.Store):
             if not (is_disk_full(exc) or is_write_stall(exc)):
                 raise
 
-    def write_many(self, partition: int, changes: Iterable[tuple[bytes, Optional[bytes]]]) -> None:
+    def write_many(self, partition: int, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Writes outside any event (the join's batches and sweeps); the caller sends the
         changelog records, and retries a write refused as a stall (streamapp.diskspace)."""
         self.partition(partition).write_many(changes, wait=False)

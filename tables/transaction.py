@@ -10,7 +10,7 @@ payload: only its marker reaches RocksDB and the changelog.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from streamapp.tables.entry import Entry
 
@@ -19,11 +19,11 @@ if TYPE_CHECKING:
 
 
 class JoinTransaction:
-    def __init__(self, window: "JoinWindow") -> None:
+    def __init__(self, window: JoinWindow) -> None:
         self.window = window
-        self.held: dict[int, dict[bytes, Optional[Entry]]] = {}
+        self.held: dict[int, dict[bytes, Entry | None]] = {}
 
-    def partition(self, number: int) -> "PartitionWrites":
+    def partition(self, number: int) -> PartitionWrites:
         return PartitionWrites(self, number)
 
     def commit(self) -> None:
@@ -41,11 +41,11 @@ class PartitionWrites:
     def __init__(self, transaction: JoinTransaction, number: int) -> None:
         self.transaction, self.number = transaction, number
 
-    def get(self, key: bytes) -> Optional[Entry]:
+    def get(self, key: bytes) -> Entry | None:
         held = self.transaction.held.get(self.number)
         if held is not None and key in held:
             return held[key]
         return self.transaction.window.get(self.number, key)
 
-    def put(self, key: bytes, entry: Optional[Entry]) -> None:
+    def put(self, key: bytes, entry: Entry | None) -> None:
         self.transaction.held.setdefault(self.number, {})[key] = entry

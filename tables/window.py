@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import faust
 from faust.stores import STORES
@@ -24,6 +25,9 @@ from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.memory import RocksMemory
 from streamapp.tables.progress import ReadProgress
 from streamapp.tables.transaction import JoinTransaction
+
+if TYPE_CHECKING:
+    from streamapp.tables.store import JoinStore
 
 STORE_SCHEME = "streamapp-join"
 STORES.aliases.setdefault(STORE_SCHEME, "streamapp.tables.store:JoinStore")
@@ -41,8 +45,8 @@ _MARKERS = (EntryKind.JOINED, EntryKind.EXPIRED)
 class DueOutcome:
     """What replaces a due entry (None deletes it), and the delivery of what it emitted, if any."""
 
-    replacement: Optional[Entry]
-    delivery: Optional[Awaitable] = None
+    replacement: Entry | None
+    delivery: Awaitable | None = None
 
 
 DueHandler = Callable[[bytes, Entry, int], Awaitable[DueOutcome]]
@@ -74,16 +78,21 @@ class JoinWindow:
         self.memory = memory
         self.lock = asyncio.Lock()
 
-    def get(self, partition: int, key: bytes) -> Optional[Entry]:
-        value = self.table.data.partition(partition).get(key)
+    @property
+    def store(self) -> JoinStore:
+        """The table's store: the app's store URL is STORE_URL, so always a JoinStore."""
+        return cast("JoinStore", self.table.data)
+
+    def get(self, partition: int, key: bytes) -> Entry | None:
+        value = self.store.partition(partition).get(key)
         return None if value is None else Entry.decode(value)
 
     def transaction(self) -> JoinTransaction:
         return JoinTransaction(self)
 
-    def write(self, partition: int, changes: list[tuple[bytes, Optional[bytes]]]) -> None:
+    def write(self, partition: int, changes: list[tuple[bytes, bytes | None]]) -> None:
         """Store ``changes`` in one atomic batch and send their changelog records."""
-        self.table.data.write_many(partition, changes)
+        self.store.write_many(partition, changes)
         for key, value in changes:
             self.table.send_changelog(partition, key, value)
 
@@ -108,7 +117,7 @@ class JoinWindow:
     async def _expire_each(self, due: Callable[[int, Any], list[tuple[bytes, bytes]]], on_due: DueHandler) -> int:
         """Entries change only once what they emitted is delivered: a worker killed in between
         emits it again after restart instead of losing it (R12)."""
-        store = self.table.data
+        store = self.store
         expired = 0
         for number, partition in list(store.active_partitions()):
             while batch := due(number, partition):
@@ -117,7 +126,7 @@ class JoinWindow:
                 if not store.still_owns(number, partition):
                     break  # revoked while delivering: its new owner expires these entries
                 self.write(number, [(key, None if outcome.replacement is None else outcome.replacement.encode())
-                                    for (key, _), outcome in zip(batch, outcomes)])
+                                    for (key, _), outcome in zip(batch, outcomes, strict=True)])
                 expired += len(batch)
                 await asyncio.sleep(0)
         return expired
@@ -128,7 +137,7 @@ class JoinWindow:
         A pending entry was stored at its deadline minus the TTL: its age survives restarts and
         rebalances because the deadline travels with the entry.
         """
-        store = self.table.data
+        store = self.store
         owned = [partition for _, partition in store.active_partitions()]
         next_due = _earliest(partition.oldest_deadline_ms() for partition in owned)
         oldest_pending = _earliest(partition.oldest_pending_deadline_ms() for partition in owned)
@@ -145,5 +154,5 @@ class JoinWindow:
         }
 
 
-def _earliest(deadlines: Iterable[Optional[int]]) -> Optional[int]:
+def _earliest(deadlines: Iterable[int | None]) -> int | None:
     return min((deadline for deadline in deadlines if deadline is not None), default=None)

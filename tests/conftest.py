@@ -104,7 +104,7 @@ def model_files():
 @pytest.fixture(scope="session")
 def sample_videos():
     """``{name: path}`` of the sample videos, fetched into the cache (``streamapp samples``) on first use."""
-    return dict(zip((asset.name for asset in assets.SAMPLES), _fetched(assets.SAMPLES)))
+    return dict(zip((asset.name for asset in assets.SAMPLES), _fetched(assets.SAMPLES), strict=True))
 
 
 def _fetched(files):

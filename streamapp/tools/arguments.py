@@ -48,11 +48,12 @@ MAX_PAIR_RATE = 100_000
 
 def rates_arg(text: str) -> tuple[float, ...]:
     """Rising rates per second, comma-separated: ``150,300,600``."""
-    rates = []
+    rates: list[float] = []
     for part in text.split(","):
         value = _finite(part.strip())
         if not 0 < value <= MAX_PAIR_RATE:
-            raise argparse.ArgumentTypeError(f"expected rates above 0 and up to {MAX_PAIR_RATE} per second, got {part.strip()}")
+            raise argparse.ArgumentTypeError(
+                f"expected rates above 0 and up to {MAX_PAIR_RATE} per second, got {part.strip()}")
         if rates and value <= rates[-1]:
             raise argparse.ArgumentTypeError(f"expected rising rates, got {part.strip()} after {rates[-1]:g}")
         rates.append(value)

@@ -40,8 +40,16 @@ from streamapp import wire
 from streamapp.outputs import frame_path
 from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings
 from streamapp.tools.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
-from streamapp.tools.harness import (POLL_S, JoinedTopic, Pipeline, ensure_broker, processed, read_joined,
-                                     synthetic_streams, wait_for)
+from streamapp.tools.harness import (
+    POLL_S,
+    JoinedTopic,
+    Pipeline,
+    ensure_broker,
+    processed,
+    read_joined,
+    synthetic_streams,
+    wait_for,
+)
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import LocalCluster, count_under_replicated, default_cluster_dir
 from streamapp.tools.localkafka.common import DEFAULT_PORT
@@ -124,6 +132,13 @@ class ChaosRun:
         self.workers_exited: set[str] = set()
         self.join_kills = 0
 
+    @property
+    def _broker_cluster(self) -> LocalCluster:
+        """The cluster whose nodes the broker faults hit (options.needs_cluster)."""
+        if self.cluster is None:
+            raise ValueError("broker kills and rolling restarts need a LocalCluster")
+        return self.cluster
+
     async def run(self, pipeline: Pipeline, source: Source) -> None:
         began = time.monotonic()
         producing = asyncio.create_task(source.run())
@@ -139,12 +154,12 @@ class ChaosRun:
                 await pause()
                 at_s = time.monotonic() - began
                 if target == BROKER:
-                    node = self.random.choice(self.cluster.nodes)
+                    node = self.random.choice(self._broker_cluster.nodes)
                     self.broker_faults.append(await self._broker_fault(node, "kill", at_s))
                 else:
                     self.kills.append(await self._kill_and_restart(pipeline, target, at_s))
             for _ in range(self.options.rolling_restarts):
-                for node in self.cluster.nodes:
+                for node in self._broker_cluster.nodes:
                     await pause()
                     self.broker_faults.append(await self._broker_fault(node, "restart", time.monotonic() - began))
             await asyncio.sleep(self.options.pause_s[1])  # load continues after the last recovery
@@ -173,7 +188,7 @@ class ChaosRun:
         fault.ready_s = round(time.monotonic() - began, 2)
         deadline = time.monotonic() + self.options.recovery_timeout_s
         while time.monotonic() < deadline:
-            if await count_under_replicated(self.cluster.bootstrap) == 0:
+            if await count_under_replicated(self._broker_cluster.bootstrap) == 0:
                 fault.in_sync_s = round(time.monotonic() - began, 2)
                 break
             await asyncio.sleep(POLL_S)

@@ -18,15 +18,14 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from streamapp import assets
-
-from streamapp.tools import chaos
-
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings
+from streamapp.tools import chaos
 from streamapp.tools.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.tools.bench import infer as infer_bench, join_command, soak_command
 from streamapp.tools.localkafka.broker import LocalBroker
@@ -36,6 +35,9 @@ from streamapp.tools.localkafka.locations import default_data_dir, kafka_home
 from streamapp.tools.replay import commands as replay_commands
 from streamapp.units import format_bytes
 from streamapp.wire import parse_stream_id
+
+if TYPE_CHECKING:
+    from streamapp.tools.demo import Source
 
 
 class CommandError(StreamappError, RuntimeError):
@@ -135,7 +137,7 @@ def run_cluster(cluster: LocalCluster, args: argparse.Namespace) -> int:
               f"  STREAMAPP_BROKER=kafka://{cluster.bootstrap} STREAMAPP_REPLICATION_FACTOR={cluster.replication}")
         return 0
     if args.action == "stop":
-        for node, outcome in zip(cluster.nodes, cluster.stop(timeout=args.timeout)):
+        for node, outcome in zip(cluster.nodes, cluster.stop(timeout=args.timeout), strict=True):
             print(f"node {node.node_id} {outcome} (data dir {node.data_dir})")
         return 0
     _print_nodes(cluster)
@@ -143,7 +145,7 @@ def run_cluster(cluster: LocalCluster, args: argparse.Namespace) -> int:
 
 
 def _print_nodes(cluster: LocalCluster) -> None:
-    for node, status in zip(cluster.nodes, cluster.status()):
+    for node, status in zip(cluster.nodes, cluster.status(), strict=True):
         print(f"node {node.node_id} {status.describe()}")
 
 
@@ -199,6 +201,7 @@ def run_produce(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     epoch = new_epoch()
+    sources: list[Source]
     try:
         if args.video:
             sources = [((frame, None) for frame in video_file_frames(

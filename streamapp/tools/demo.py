@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from streamapp import assets, wire
 from streamapp.agents.sink import VideoAssembler, save_contact_sheet
@@ -150,7 +150,7 @@ class StageClock:
         self._latest: dict[str, tuple[float, float]] = {}
         self._thread = threading.Thread(target=self._sample, name="stage-clock", daemon=True)
 
-    def __enter__(self) -> "StageClock":
+    def __enter__(self) -> StageClock:
         self._thread.start()
         return self
 
@@ -206,7 +206,7 @@ def _sources(options: DemoOptions, epoch: int, fps: float) -> list[Source]:
                                  fps=fps or SYNTHETIC_FPS, epoch=epoch)
     return [((frame, None) for frame in video_file_frames(path, stream, epoch, max_frames=options.frames,
                                                           fps=fps or None))
-            for path, stream in zip(options.videos, _stream_ids(options.videos))]
+            for path, stream in zip(options.videos, _stream_ids(options.videos), strict=True)]
 
 
 def _stream_ids(videos: tuple[Path, ...]) -> list[str]:
@@ -232,18 +232,19 @@ def _judge(joined: wire.Joined, produced: Produced, outcome: Outcome) -> None:
     outcome.seen[frame_id] += 1
     if outcome.seen[frame_id] > 1:
         return
-    if not joined.matched:
+    detections = joined.detections
+    if detections is None:
         outcome.unmatched += 1
         return
     outcome.joined += 1
-    if joined.detections.id != frame_id:
+    if detections.id != frame_id:
         outcome.foreign += 1
-    outcome.labels.update(box.label for box in joined.detections.boxes)
-    outcome.frames_with_boxes += bool(joined.detections.boxes)
+    outcome.labels.update(box.label for box in detections.boxes)
+    outcome.frames_with_boxes += bool(detections.boxes)
     truth = produced.truth[frame_id]
     if truth is None:
         return
-    match = match_boxes(joined.detections.boxes, truth)
+    match = match_boxes(detections.boxes, truth)
     outcome.ious.extend(match.ious)
     if not match.ok:
         outcome.mismatches += 1

@@ -16,14 +16,15 @@ import shutil
 import time
 import urllib.error
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
+from streamapp.groundtruth import TruthBox
 from streamapp.settings import STAGES, Settings
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.common import Notify
@@ -151,8 +152,8 @@ async def wait_for(condition: Callable[[], object], timeout_s: float) -> float |
 
 # --- publishing -------------------------------------------------------------------------------
 
-# A stream's frames, each with what the caller keeps of it (the true boxes, or None).
-Stream = Iterator[tuple[wire.Frame, object]]
+# A stream's frames, each with its true boxes (None: not known, e.g. a video).
+Stream = Iterator[tuple[wire.Frame, list[TruthBox] | None]]
 
 
 def synthetic_streams(count: int, width: int, height: int, *, frames: int | None, fps: float,

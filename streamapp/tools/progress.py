@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Optional, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 BAR_WIDTH = 30
 # A terminal bar is redrawn at most this often: cheap even at thousands of items per second.
@@ -24,8 +25,8 @@ LOG_INTERVAL_S = 10.0
 
 
 class Progress:
-    def __init__(self, label: str, total: Optional[int] = None, *, unit: str = "items",
-                 stream: Optional[TextIO] = None, interval_s: float = LOG_INTERVAL_S,
+    def __init__(self, label: str, total: int | None = None, *, unit: str = "items",
+                 stream: TextIO | None = None, interval_s: float = LOG_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.label = label
         self.total = total
@@ -38,7 +39,7 @@ class Progress:
         self._interval_s = REDRAW_INTERVAL_S if self._terminal else interval_s
         self._last_report = self._started
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -9,7 +9,8 @@ producer's default murmur2 partitioner — the same function Faust's producer us
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -19,7 +20,6 @@ from streamapp.connect import start_client
 from streamapp.errors import StreamappError
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
-
 
 # A batch waits this long for more records: a few frames per request under load, little delay alone.
 LINGER_MS = 5
@@ -51,7 +51,7 @@ class FramePublisher:
         self.published = 0
         self.published_bytes = 0
 
-    async def __aenter__(self) -> "FramePublisher":
+    async def __aenter__(self) -> FramePublisher:
         await start_client(self.producer, self.settings.bootstrap_servers)
         return self
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mode.utils.queues import ThrowableQueue
 
@@ -50,7 +51,7 @@ class MemoryPlan:
     batch_bytes: int              # records one agent holds in the batch it is deciding
 
     @classmethod
-    def for_settings(cls, settings: Settings) -> "MemoryPlan":
+    def for_settings(cls, settings: Settings) -> MemoryPlan:
         budget = settings.memory_budget_bytes
         record = max_record_bytes(settings)
         fetched = settings.partitions * _FETCHED_TOPICS

@@ -15,8 +15,8 @@ offset, as sought), which the join needs to tell "caught up" before it has read 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping, Optional
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
@@ -24,7 +24,7 @@ from faust.types import TP
 
 class StreamappConsumer(faust_aiokafka.Consumer):
     #: Where each input partition is read from in a generation (see :meth:`start_offset`).
-    read_from: Mapping[TP, tuple[int, Optional[int]]] = MappingProxyType({})
+    read_from: Mapping[TP, tuple[int, int | None]] = MappingProxyType({})
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
         committed = await super().seek_to_committed()
@@ -38,7 +38,7 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         self.read_from = {tp: (generation, committed[tp] or first.get(tp)) for tp in inputs}
         return committed
 
-    def start_offset(self, tp: TP) -> Optional[int]:
+    def start_offset(self, tp: TP) -> int | None:
         """The offset this generation reads ``tp`` from: its committed offset, or its first one
         when none is committed (None: unknown). Unlike the consumer's position, which runs ahead
         as records are fetched, it says what is left to process before anything is."""

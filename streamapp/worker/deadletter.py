@@ -7,7 +7,7 @@ The value is the original bytes untouched; headers say ``reason``, ``stage`` and
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Optional
+from collections.abc import Awaitable
 
 import faust
 from faust.exceptions import ProducerSendError
@@ -45,7 +45,7 @@ class DeadLetters:
         self.metrics.inc(f"{stage}_dead_lettered_total")
 
     async def emit(self, event: EventT, *, stage: str, topic: faust.TopicT, key: bytes,
-                   value: bytes, timestamp: Optional[float] = None) -> Optional[Awaitable]:
+                   value: bytes, timestamp: float | None = None) -> Awaitable | None:
         """Send what ``event`` produced to ``topic``; returns its delivery, or None when the
         producer refused it (too large) and ``event`` was dead-lettered instead. ``timestamp``
         (seconds) is the output's Kafka timestamp; None stamps it now.

@@ -24,7 +24,13 @@ from streamapp.tables.window import STORE_URL
 from streamapp.worker import consumer
 from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
 from streamapp.worker.deadletter import DeadLetters
-from streamapp.worker.metrics import PROMETHEUS_CONTENT_TYPE, Metrics, consumer_gauges, faust_monitor, memory_budget_gauges
+from streamapp.worker.metrics import (
+    PROMETHEUS_CONTENT_TYPE,
+    Metrics,
+    consumer_gauges,
+    faust_monitor,
+    memory_budget_gauges,
+)
 from streamapp.worker.stage import AppTopics, Stage
 
 log = logging.getLogger(__name__)
@@ -54,7 +60,9 @@ class StreamApp(faust.App):
         settings = self.streamapp_settings
         # Here, not in create_app: the consumer is made after this, and the worker's
         # --web-port (part of the name) is known only now.
-        self.conf.consumer_group_instance_id = settings.group_instance_id(str(self.conf.canonical_url))
+        # Faust types this setting str, though None (its default) is dynamic membership.
+        self.conf.consumer_group_instance_id = settings.group_instance_id(  # type: ignore[assignment]
+            str(self.conf.canonical_url))
         created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
         if created:
             log.info("created topics: %s", ", ".join(created))

@@ -19,14 +19,21 @@ import re
 import resource
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from faust.exceptions import ConsumerNotStarted
 from faust.sensors.monitor import Monitor
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from faust.types import TP
-from prometheus_client import (CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, GCCollector, PlatformCollector,
-                               ProcessCollector, generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from streamapp.samples import Histogram, family_of, parse_sample, sample_name
@@ -211,7 +218,7 @@ class LeanPrometheusMonitor(PrometheusMonitor):
         child = self._labelled.get(key)
         if child is None:
             names = family._labelnames
-            child = self._labelled[key] = family.labels(**dict(zip(names, labels)))
+            child = self._labelled[key] = family.labels(**dict(zip(names, labels, strict=True)))
         return child
 
     def on_message_in(self, tp: TP, offset: int, message) -> None:

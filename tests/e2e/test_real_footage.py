@@ -80,7 +80,7 @@ def runs(settings, sample_videos, model_files, tmp_path_factory):
             # `joined` holds the earlier runs too: read until this one is complete as well.
             joined: list = []
             asyncio.run(read_joined_until(settings, len(published) * (len(runs) + 1), 900,
-                                          lambda record: joined.append(boxes_of(record))))
+                                          lambda record, into=joined: into.append(boxes_of(record))))
             stats = {worker.stage: worker.stats() for worker in workers}
             runs.append(Run(epoch, published, [item for item in joined if item[0].epoch == epoch],
                             {stage: int(values["process_peak_resident_memory_bytes"])

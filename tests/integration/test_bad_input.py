@@ -169,7 +169,7 @@ def test_every_bad_record_costs_one_dead_letter_per_stage_and_work_goes_on(setti
         sources = [(h["stage"], h["source_topic"], int(h["source_partition"]), int(h["source_offset"]))
                    for h in headers]
         assert len(sources) == len(set(sources)) == expected, "one dead letter per bad record and stage"
-        by_source = dict(zip(sources, zip(letters, headers)))
+        by_source = dict(zip(sources, zip(letters, headers, strict=True), strict=True))
         for case, role, key, value, stages in records:
             for stage in stages:
                 letter, header = by_source[(stage, names[role], *where[case])]

@@ -15,7 +15,6 @@ from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics
 
-
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 FRAMES_PER_PHASE = 30

@@ -11,7 +11,6 @@ from streamapp.settings import Settings
 from streamapp.tools.chaos import ChaosOptions, run_chaos
 from streamapp.tools.harness import Pipeline, publish_frames, read_joined, wait_for
 
-
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 

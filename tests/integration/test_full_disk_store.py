@@ -2,6 +2,7 @@
 retried once space returns, and the store reopens complete (R6)."""
 
 import asyncio
+import functools
 import os
 
 import rocksdict
@@ -51,8 +52,7 @@ def test_a_write_on_a_full_disk_pauses_changes_nothing_and_goes_on_when_space_re
         nonlocal written
         freeing = asyncio.create_task(give_space_back_once_paused())
         while written < ENTRIES:
-            key, value = _entry(written)
-            await space.retry(lambda: partition.write_many([(key, value)], wait=False))
+            await space.retry(functools.partial(partition.write_many, [_entry(written)], wait=False))
             written += 1
         await freeing
 

@@ -100,7 +100,7 @@ def test_cameras_a_minute_either_way_share_a_partition_without_early_expiry(join
     now = int(time.time() * 1000) - 300_000
     ahead = pair_records("ahead", 1_000, start_ms=now + 60_000)
     behind = pair_records("behind", 1_000, start_ms=now - 60_000)
-    interleaved = [pair for both in zip(ahead, behind) for pair in both]
+    interleaved = [pair for both in zip(ahead, behind, strict=True) for pair in both]
     asyncio.run(send_pairs(settings, interleaved))
     stats = drained(workers(settings), len(interleaved))
     assert stats["join_joined_total"] == len(interleaved), stats

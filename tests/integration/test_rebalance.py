@@ -21,8 +21,7 @@ from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher, producer_config
 from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, topic_names
-from streamapp.wire import new_epoch
-from streamapp.wire import Detections
+from streamapp.wire import Detections, new_epoch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -92,7 +91,7 @@ def test_partitions_move_back_and_forth_without_loss_and_still_expire(settings, 
 
         files = [frame_path(settings.out_dir, frame_id) for frame_id in ids]
         assert asyncio.run(wait_for(lambda: all(path.exists() for path in files), 240)) is not None, \
-            [str(frame_id) for frame_id, path in zip(ids, files) if not path.exists()][:10]
+            [str(frame_id) for frame_id, path in zip(ids, files, strict=True) if not path.exists()][:10]
         joined = asyncio.run(read_joined(settings))
         assert set(joined.copies) == set(ids)
         for frame_id in ids:

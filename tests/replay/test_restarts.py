@@ -17,9 +17,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from harness import (COUNTERS, SCENARIOS, SLACK_S, JoinedReader, Outcome, Sampler, counter_delta, counter_values,
-                     expected_counts, join_settings, plan_for, sent_sides, start_join, to_pipeline, unmatched_departures,
-                     wait_until)
 from streamapp.outputs import frame_path
 from streamapp.settings import Settings
 from streamapp.tools.localkafka.processes import free_port
@@ -28,6 +25,25 @@ from streamapp.tools.replay.publish import ReplayTarget, Sent, publish
 from streamapp.tools.replay.scenario import Scenario
 from streamapp.tools.workers import Worker
 from streamapp.topics import topic_names
+
+from harness import (
+    COUNTERS,
+    SCENARIOS,
+    SLACK_S,
+    JoinedReader,
+    Outcome,
+    Sampler,
+    counter_delta,
+    counter_values,
+    expected_counts,
+    join_settings,
+    plan_for,
+    sent_sides,
+    start_join,
+    to_pipeline,
+    unmatched_departures,
+    wait_until,
+)
 
 pytestmark = pytest.mark.replay
 

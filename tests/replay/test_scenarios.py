@@ -11,10 +11,22 @@ import asyncio
 
 import pytest
 
-from harness import (SCENARIOS, SLACK_S, expected_counts, join_settings, judge_outputs, most_sent_within,
-                     plan_for, run_scenario, start_join, to_pipeline, unmatched_departures)
 from streamapp.tools.replay.predict import predict
 from streamapp.tools.replay.scenario import Scenario
+
+from harness import (
+    SCENARIOS,
+    SLACK_S,
+    expected_counts,
+    join_settings,
+    judge_outputs,
+    most_sent_within,
+    plan_for,
+    run_scenario,
+    start_join,
+    to_pipeline,
+    unmatched_departures,
+)
 
 pytestmark = pytest.mark.replay
 

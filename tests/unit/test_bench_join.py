@@ -7,8 +7,16 @@ import cv2
 import pytest
 
 from streamapp.tools.bench.join import Outputs, parse_join_key
-from streamapp.tools.bench.join_report import (backlog_summary, build_report, describe_machine, draw_chart, lag_slope,
-                                         markdown, max_sustained, step_summary)
+from streamapp.tools.bench.join_report import (
+    backlog_summary,
+    build_report,
+    describe_machine,
+    draw_chart,
+    lag_slope,
+    markdown,
+    max_sustained,
+    step_summary,
+)
 from streamapp.tools.bench.pairs import FRAME, RESULT, Cameras, publish_order
 from streamapp.tools.cli import main
 
@@ -72,7 +80,8 @@ def raw_backlog(**changes):
     samples = [{"t": t, "rss_bytes": 100 + t, "cpu_s": t, "pending_bytes": None if t == 0 else 10 * t,
                 "published": 2000, "out": 0} for t in range(5)]
     return {"pairs": 2000, "published_s": 3.0, "startup_s": 2.0, "drain_s": 4.0, "cpu_s": 3.0,
-            "pairs_out": 2000, "joined": 1990, "frames_out_twice": 0, "counters": {"join_unmatched_frames_total": 10}, "samples": samples,
+            "pairs_out": 2000, "joined": 1990, "frames_out_twice": 0, "counters": {"join_unmatched_frames_total": 10},
+            "samples": samples,
             **changes}
 
 
@@ -98,7 +107,8 @@ def sample_report() -> dict:
                       "error": "TimeoutError: timed out waiting for the worker"},
     }
     options = {"command": "streamapp bench join --pairs 2000", "partitions": 4, "width": 640, "height": 480,
-               "frame_record_bytes": 49_000, "streams": 1, "result_lag": 3, "ttl_s": 5.0, "pairs": 2000, "backlog_rate": 150.0,
+               "frame_record_bytes": 49_000, "streams": 1, "result_lag": 3, "ttl_s": 5.0, "pairs": 2000,
+               "backlog_rate": 150.0,
                "live_seconds": 10.0, "rates": [150.0, 300.0], "warmup_s": 5.0}
     versions = {"kafka_broker": "4.1.1", "kafka_streams": "4.4.0", "java": "openjdk 17", "kstreams_jvm": "-Xmx1g",
                 "faust": "0.15.3", "aiokafka": "0.14.0", "python": "3.11.7"}

@@ -103,7 +103,7 @@ def test_backpressure_pauses_the_partition_on_bytes_and_resumes_when_drained():
 async def _get_with_timeout(queue):
     try:
         await asyncio.wait_for(queue.get(), 0.01)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
 
 

@@ -5,7 +5,6 @@ all exist, and every worker's web port is published. (No Docker needed: the file
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import importlib.util
 import io
@@ -113,7 +112,7 @@ def test_the_file_follows_the_compose_specification():
 def test_a_misspelt_key_or_value_fails_the_schema(right, misspelt):
     assert right in COMPOSE_TEXT
     errors = schema_errors(COMPOSE_TEXT.replace(right, misspelt, 1))
-    word = next(a for a, b in zip(misspelt.split(), right.split() + [""]) if a != b).rstrip(":")
+    word = next(a for a, b in zip(misspelt.split(), right.split() + [""], strict=False) if a != b).rstrip(":")
     assert any(word in error for error in errors), errors
 
 
@@ -217,7 +216,7 @@ def test_every_service_environment_is_valid_settings():
 @pytest.mark.parametrize("in_profile", ["", "cluster"])
 def test_one_worker_service_per_stage_in_each_profile(in_profile):
     staged = {}
-    for name, args in commands_of("faust"):
+    for name, _ in commands_of("faust"):
         if profile(SERVICES[name]) != in_profile:
             continue
         stages = environment(SERVICES[name]).get("STREAMAPP_STAGES", "")

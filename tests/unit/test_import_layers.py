@@ -49,7 +49,8 @@ IMPORT_ALL = """
 import importlib, pkgutil
 import streamapp, streamapp.agents, streamapp.tables
 packages = (streamapp, streamapp.agents, streamapp.tables)
-names = sorted({m.name for p in packages for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")} - {"streamapp.app"})
+modules = {m.name for p in packages for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")}
+names = sorted(modules - {"streamapp.app"})
 for name in names:
     importlib.import_module(name)
 from streamapp.worker.stage import Stage

@@ -1,12 +1,11 @@
 """The join store's partition layer on real RocksDB: entries and both expiry orderings move together."""
 
 import pytest
+import rocksdict
 
 from streamapp.tables.entry import HEADER_BYTES, Entry, EntryKind
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.store import EXPIRY_FAMILY, JoinPartition
-
-import rocksdict
 
 TTL_MS = 5_000
 

@@ -19,6 +19,7 @@ from streamapp.samples import Histogram, family_of, parse_sample, sample_name
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
 from streamapp.worker.metrics import HELP, STANDARD_FAMILIES, Metrics, consumer_gauges, faust_monitor, peak_rss_bytes
 
+
 def parse(text: str) -> dict:
     return {family.name: family for family in text_string_to_metric_families(text)}
 
@@ -148,7 +149,8 @@ def test_faust_sensor_per_record_hooks_give_what_faust_s_own_sensor_gives():
     _feed_per_record_hooks(PrometheusMonitor(metrics=FaustMetrics.create(faust_own.registry, "faust")))
     expected = _faust_counts(faust_own.prometheus_text())
     assert expected[("faust_messages_received_per_topic_total", (("topic", "frames"),))] == 6
-    assert expected[("faust_total_events_per_stream_total", (("stream", "stream.topic_frames|detections.events"),))] == 9
+    stream = ("stream", "stream.topic_frames|detections.events")
+    assert expected[("faust_total_events_per_stream_total", (stream,))] == 9
     assert _faust_counts(ours.prometheus_text()) == expected
 
 

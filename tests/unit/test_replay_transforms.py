@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from streamapp import wire
-
 from streamapp.settings import Settings
 from streamapp.tools.cli import main
 from streamapp.tools.replay.format import Record, RecordingWriter
@@ -114,7 +113,7 @@ def test_skew_sets_each_cameras_clock_off_its_frames_and_results_together():
     records = pairs(100, stream="cam-a") + pairs(100, stream="cam-b")
     skewed = list(run("skew:60s", records))
     offsets = {}
-    for before, after in zip(records, skewed):
+    for before, after in zip(records, skewed, strict=True):
         stream = frame_id(before).stream
         offsets.setdefault(stream, set()).add(after.event_time_ms - before.timestamp_ms)
         if side_of(before) == "frames":
@@ -124,7 +123,8 @@ def test_skew_sets_each_cameras_clock_off_its_frames_and_results_together():
     assert all(-60_000 <= shift <= 60_000 for [shift] in offsets.values())
     assert offsets["cam-a"] != offsets["cam-b"]
     # Only the event time moves: when each record is sent, its key and partition stay.
-    assert [(r.key, r.partition, r.timestamp_ms) for r in skewed] == [(r.key, r.partition, r.timestamp_ms) for r in records]
+    assert ([(r.key, r.partition, r.timestamp_ms) for r in skewed]
+            == [(r.key, r.partition, r.timestamp_ms) for r in records])
 
 
 def test_records_that_are_not_frames_or_results_pass_untouched():

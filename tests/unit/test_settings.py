@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 
 import pytest
@@ -218,7 +219,8 @@ def test_a_worker_is_the_same_static_member_on_every_start_and_no_other_worker_i
     member = worker.group_instance_id("http://host:6066")
     assert member == worker.replace().group_instance_id("http://host:6066")
     assert member.startswith("streamapp-join.")
-    assert len(member) <= 249 and set(member) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+    assert len(member) <= 249
+    assert set(member) <= set(string.ascii_letters + string.digits + "._-")
     others = {worker.replace(data_dir=Path("data/join-b")).group_instance_id("http://host:6066"),
               worker.group_instance_id("http://host:6067"),
               worker.replace(stages=("sink",)).group_instance_id("http://host:6066")}

@@ -7,8 +7,16 @@ import pytest
 
 from streamapp.agents.infer import ColorContourDetector, infer_frame
 from streamapp.agents.resize import resize_frame
-from streamapp.agents.sink import (FrameFileSink, StreamRetention, VideoAssembler, VideoAssemblers, annotate,
-                                   contact_sheet, label_colour, save_contact_sheet)
+from streamapp.agents.sink import (
+    FrameFileSink,
+    StreamRetention,
+    VideoAssembler,
+    VideoAssemblers,
+    annotate,
+    contact_sheet,
+    label_colour,
+    save_contact_sheet,
+)
 from streamapp.agents.source import SyntheticScene, to_frame
 from streamapp.diskspace import DiskFull
 from streamapp.imaging import CorruptFrame, decode_jpeg

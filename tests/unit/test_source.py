@@ -1,3 +1,4 @@
+import itertools
 import time
 
 import cv2
@@ -74,7 +75,7 @@ def test_endless_synthetic_frames():
 
 def test_new_epoch_strictly_increases_and_is_wall_clock_ms():
     epochs = [new_epoch() for _ in range(2000)]
-    assert all(a < b for a, b in zip(epochs, epochs[1:]))
+    assert all(a < b for a, b in itertools.pairwise(epochs))
     assert abs(epochs[0] - time.time() * 1000) < 60_000
 
 

@@ -22,7 +22,8 @@ def test_every_partition_gets_an_equal_share_and_the_plan_fits_the_budget():
 
 
 def test_segments_shrink_with_the_share_but_hold_two_of_the_largest_records():
-    settings = Settings(partitions=2, max_frame_bytes=1 * MIB, broker_disk_budget_bytes=BROKER_OWN_BYTES + 11 * 40 * MIB)
+    settings = Settings(partitions=2, max_frame_bytes=1 * MIB,
+                        broker_disk_budget_bytes=BROKER_OWN_BYTES + 11 * 40 * MIB)
     [topic, *_] = disk_plan(settings).topics
     assert topic.bytes_each == 40 * MIB
     assert topic.segment_bytes == 10 * MIB  # a quarter of the share

@@ -49,19 +49,21 @@ def run(args: argparse.Namespace) -> int:
     video = assets.ensure([assets.VTEST])[0]
     assets.ensure(assets.MODEL)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"clip": f"{video.name}, {args.frames} frames", "per_frame_ms": {}, "workers_fps": {}}
+    per_frame_ms: dict[int, float] = {}
+    workers_fps: dict[str, float] = {}
+    report = {"clip": f"{video.name}, {args.frames} frames", "per_frame_ms": per_frame_ms, "workers_fps": workers_fps}
     base = Settings(resize_width=320, resize_height=240)
     scaled = [resize_frame(frame, base.resize_width, base.resize_height)
               for frame in itertools.islice(video_file_frames(video, "bench", 1), DETECTOR_FRAMES)]
     for size in args.inputs:
-        report["per_frame_ms"][size] = round(_detector_ms(YoloDetector(input_size=size), scaled), 1)
+        per_frame_ms[size] = round(_detector_ms(YoloDetector(input_size=size), scaled), 1)
     broker = own_broker(Path(tempfile.mkdtemp(prefix="broker-", dir=args.out)))
     try:
         for size, workers in itertools.product(args.inputs, args.workers):
             settings = base.replace(broker=f"kafka://{broker.bootstrap}", detector="yolo", yolo_input=size,
                                     topic_prefix=f"bench-infer-{new_epoch()}.")
             fps = _workers_fps(settings, video, args.frames, workers, args.out)
-            report["workers_fps"][f"input {size}, {workers} worker{'s' * (workers > 1)}"] = fps
+            workers_fps[f"input {size}, {workers} worker{'s' * (workers > 1)}"] = fps
             print(f"input {size}, {workers} infer worker(s): {fps} frames/s", flush=True)
     finally:
         broker.stop()

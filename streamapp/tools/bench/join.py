@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from streamapp import wire
 from streamapp.settings import Settings
@@ -146,7 +146,7 @@ class System:
     async def create_topics(self, topics: Topics) -> None:
         await create_plain_topics(self.settings, [topics.frames, topics.results, topics.output])
 
-    def start(self, topics: Topics, scratch: Path, logs: Path) -> "Running":
+    def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
         """Start the system's process on ``topics``: its state under ``scratch``, its log in ``logs``."""
         raise NotImplementedError
 

@@ -21,7 +21,8 @@ def configure(join: argparse.ArgumentParser) -> None:
         "consumer->producer copy (the limit), a Kafka Streams KStream-KStream join (built with Maven on "
         "first use) and this project's join worker. Each drains a preloaded backlog, then takes paced "
         "live input at rising rates. Writes report.json, report.md and join.png under --out.")
-    join.add_argument("--pairs", type=count_arg, default=20_000, help="frame/result pairs in the backlog (default 20000)")
+    join.add_argument("--pairs", type=count_arg, default=20_000,
+                      help="frame/result pairs in the backlog (default 20000)")
     join.add_argument("--rates", type=rates_arg, default=DEFAULT_RATES,
                       help="rising live rates in pairs per second, comma-separated; a system stops at its first "
                            "rate not sustained (default 150,300,450,600,900,1200)")
@@ -35,7 +36,8 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help="join window of Kafka Streams and STREAMAPP_JOIN_TTL of the worker (default 5)")
     join.add_argument("--streams", type=count_arg, default=1,
                       help="cameras sharing each rate, e.g. 10 for 150 pairs/s as 10 cameras at 15 fps (default 1)")
-    join.add_argument("--size", type=resolution_arg, default=(640, 480), help="frame size WIDTHxHEIGHT (default 640x480)")
+    join.add_argument("--size", type=resolution_arg, default=(640, 480),
+                      help="frame size WIDTHxHEIGHT (default 640x480)")
     join.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                       help="which systems to run, in this order (default: all three)")
     join.add_argument("--drain-timeout", type=seconds_arg, default=300.0,
@@ -51,7 +53,8 @@ def command_line(options) -> str:
         "--rates", ",".join(f"{rate:g}" for rate in options.rates), "--live-seconds", f"{options.live_seconds:g}",
         "--warmup", f"{options.warmup_s:g}",
         "--backlog-rate", f"{options.backlog_rate:g}", "--ttl", f"{options.ttl_s:g}",
-        "--streams", str(options.streams), "--size", f"{options.width}x{options.height}", "--systems", *options.systems, "--out", str(options.out)])
+        "--streams", str(options.streams), "--size", f"{options.width}x{options.height}",
+        "--systems", *options.systems, "--out", str(options.out)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
                                width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout)
     # SIGTERM unwinds like Ctrl-C, so the broker and the systems' processes are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    report = run_join_bench(options, command_line(options), notify=lambda message: print(f"streamapp: {message}", file=sys.stderr))
+    report = run_join_bench(options, command_line(options),
+                            notify=lambda message: print(f"streamapp: {message}", file=sys.stderr))
     print(markdown(report))
     failed = [system for system in report["systems"].values() if system.get("error")]
     return 1 if failed else 0

@@ -172,10 +172,11 @@ def markdown(report: dict) -> str:
         "",
         "## Backlog drain",
         "",
-        "| system | pairs/s | CPU s / 1,000 pairs | joined | unmatched | frames out twice | peak pending | peak RSS | start s |",
+        "| system | pairs/s | CPU s / 1,000 pairs | joined | unmatched | frames out twice | peak pending "
+        "| peak RSS | start s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, system in report["systems"].items():
+    for system in report["systems"].values():
         lines.append(_backlog_row(system))
     lines += ["", "Pending: " + "; ".join(f"{system['label']}: {system['pending_measure']}"
                                           for system in report["systems"].values() if system.get("pending_measure")),
@@ -184,7 +185,8 @@ def markdown(report: dict) -> str:
     for system in report["systems"].values():
         lines.append(_live_row(system, options["rates"]))
     lines += ["", "Each rate cell: p50 / p99 latency in ms (result published → output read), joined %, "
-              "lag growth in pairs/s (lag: pairs published and not yet out); ✗ marks a step not sustained (< 99.9 % joined, or lag growing "
+              "lag growth in pairs/s (lag: pairs published and not yet out); ✗ marks a step not sustained "
+              "(< 99.9 % joined, or lag growing "
               f"more than {LAG_GROWTH_TOLERANCE:.0%} of the rate per second). Latencies skip the first "
               "tenth of each step.", "", _cores_note(report), "", "## Ratios", ""]
     for key, value in report["ratios"].items():
@@ -205,7 +207,10 @@ def _cores_note(report: dict) -> str:
             top = steps[-1]
             parts.append(f"{system['label']} at {top['rate']:g}/s: {top['cores']['system']:.2f} cores, "
                          f"the load {top['cores']['load']:.2f}")
-    return ("Cores used during each system's highest step (the load: publisher and output reader in one process): " + "; ".join(parts) + ".") if parts else ""
+    if not parts:
+        return ""
+    return ("Cores used during each system's highest step (the load: publisher and output reader in one process): "
+            + "; ".join(parts) + ".")
 
 
 def _backlog_row(system: dict) -> str:
@@ -258,8 +263,8 @@ def draw_chart(path: Path, report: dict) -> None:
     """Throughput per system and phase (bars) above p99 latency against rate (lines), one colour
     per system in both."""
     systems = report["systems"]
-    throughput = {"backlog drain": {}, "max sustained live": {}}
-    latency = {}
+    throughput: dict[str, dict[str, float]] = {"backlog drain": {}, "max sustained live": {}}
+    latency: dict[str, list[tuple[float, float]]] = {}
     for system in systems.values():
         label = system["label"]
         if system.get("backlog") and system["backlog"]["pairs_per_s"]:

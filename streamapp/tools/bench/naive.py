@@ -43,18 +43,26 @@ class DictJoin:
         other = self.waiting.pop(key, None)
         if other is not None:
             self.pending_bytes -= other[1]
-        if other is None or type(other[0]) is type(record):  # first side, or a repeat of it
-            self.waiting[key] = (record, size)
-            self.pending_bytes += size
-            return None
-        self.joined += 1
-        if isinstance(record, wire.Frame):
-            return wire.Joined(record, other[0])
-        return wire.Joined(other[0], record)
+            joined = _pair(other[0], record)
+            if joined is not None:
+                self.joined += 1
+                return joined
+        self.waiting[key] = (record, size)  # first side, or a repeat of it
+        self.pending_bytes += size
+        return None
 
     def stats(self) -> dict[str, int]:
         return {"join_pending_entries": len(self.waiting), "join_pending_bytes": self.pending_bytes,
                 "join_joined_total": self.joined}
+
+
+def _pair(first: wire.Frame | wire.Detections, second: wire.Frame | wire.Detections) -> wire.Joined | None:
+    """The two sides joined, or None if both are frames or both results."""
+    if isinstance(first, wire.Frame) and isinstance(second, wire.Detections):
+        return wire.Joined(first, second)
+    if isinstance(first, wire.Detections) and isinstance(second, wire.Frame):
+        return wire.Joined(second, first)
+    return None
 
 
 async def run(settings: Settings, stats_file: Path) -> None:
@@ -75,7 +83,10 @@ async def run(settings: Settings, stats_file: Path) -> None:
         while not stopping.is_set():
             for records in (await consumer.getmany(timeout_ms=200)).values():
                 for record in records:
-                    joined = join.add(wire.decode(record.value), len(record.value))
+                    side = wire.decode(record.value)
+                    if isinstance(side, wire.Joined):
+                        raise ValueError(f"{record.topic} offset {record.offset}: a joined record among the inputs")
+                    joined = join.add(side, len(record.value))
                     if joined is not None:
                         await producer.send(naive_topic(settings), wire.encode_joined(joined), key=record.key)
             if time.monotonic() - written >= 1.0:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -110,7 +110,8 @@ class PairLoad:
             if kind == FRAME:
                 await pace(rate, index - start, started)
                 stamp = captured[index] = capture_ms(index) if capture_ms else int(time.time() * 1000)
-                value = wire.encode_frame(wire.Frame(frame_id, stamp, width, height, self.jpegs[index % len(self.jpegs)]))
+                jpeg = self.jpegs[index % len(self.jpegs)]
+                value = wire.encode_frame(wire.Frame(frame_id, stamp, width, height, jpeg))
                 await self.producer.send(self.frames_topic, value, key=self.key_of(frame_id), timestamp_ms=stamp)
                 self.frames_sent += 1
                 self.frame_bytes += len(value)
@@ -118,8 +119,9 @@ class PairLoad:
             elif self.withhold(index):
                 del captured[index]
             else:
-                await self.producer.send(self.results_topic, wire.encode_detections(detections_for(frame_id, width, height)),
-                                         key=self.key_of(frame_id), timestamp_ms=captured.pop(index))
+                result = wire.encode_detections(detections_for(frame_id, width, height))
+                await self.producer.send(self.results_topic, result, key=self.key_of(frame_id),
+                                         timestamp_ms=captured.pop(index))
                 self.result_sent_at[index] = time.time()
                 self.published += 1
         await self.producer.flush()

@@ -3,8 +3,8 @@ time or over rate, one line per series, dashed horizontal lines for limits) and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import cv2
 import numpy as np

@@ -59,19 +59,17 @@ class Sampler:
         self.naive = naive
         self.broker = broker
         self.samples: list[dict] = []
-        self.progress: Progress | None = None
         names = topic_names(settings)
         self.topics = {"changelog": changelog_name(settings), "frames": names["frames"],
                        "detections": names["detections"], "joined": names["joined"]}
 
-    async def run(self) -> None:
+    async def run(self, progress: Progress) -> None:
         while True:
             began = time.monotonic()
-            self.samples.append(await asyncio.to_thread(self.sample))
+            self.samples.append(await asyncio.to_thread(self.sample, progress))
             await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
 
-    def sample(self) -> dict:
-        progress = self.progress
+    def sample(self, progress: Progress) -> dict:
         stats = self._join_stats()
         sample = {
             "t": round(progress.elapsed(), 2),

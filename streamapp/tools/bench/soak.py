@@ -34,7 +34,6 @@ from streamapp.tools.workers import Worker, wait_until
 from streamapp.topics import ensure_topics, topic_names
 from streamapp.wire import new_epoch
 
-
 # --------------------------------------------------------------------------------------------
 # the run
 
@@ -50,7 +49,7 @@ def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
     try:
         if not options.bootstrap:
             broker = own_broker(out / "broker")
-        bootstrap = options.bootstrap or broker.bootstrap
+        bootstrap = options.bootstrap if broker is None else broker.bootstrap
         settings = (settings or Settings.from_env()).replace(
             broker=f"kafka://{bootstrap}", topic_prefix=f"soak-{new_epoch()}.", stages=("join",),
             data_dir=out / "data" / "join", web_port=free_port(),
@@ -91,11 +90,10 @@ async def _drive(options: SoakOptions, settings: Settings, sampler: Sampler) -> 
                     lambda frame_id: frame_id.bucket_key(settings.bucket_size), options.size, Cameras(1),
                     withhold=stall.withholds)
     progress = Progress(load)
-    sampler.progress = progress
     engines = {"ours": names["joined"]}
     if options.baseline == "naive":
         engines["naive"] = naive_topic(settings)
-    background = [asyncio.create_task(sampler.run())]
+    background = [asyncio.create_task(sampler.run(progress))]
     background += [asyncio.create_task(_read_joined(settings, engine, topic, progress))
                    for engine, topic in engines.items()]
     if options.scenario == "slow-sink":

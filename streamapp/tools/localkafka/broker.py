@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -10,15 +11,30 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from streamapp.connect import quiet_logger
-from streamapp.tools.localkafka.common import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, NODE_ID, BrokerError, Notify,
-                                               PortInUse)
+from streamapp.tools.localkafka.common import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PORT,
+    NODE_ID,
+    BrokerError,
+    Notify,
+    PortInUse,
+)
 from streamapp.tools.localkafka.jars import check_java, ensure_jars, packaged
-from streamapp.tools.localkafka.processes import (answers_metadata, cmdline_of, free_port, last_error_line,
-                                                  new_cluster_id, pid_alive, port_in_use, read_properties, run_async)
+from streamapp.tools.localkafka.processes import (
+    answers_metadata,
+    cmdline_of,
+    free_port,
+    last_error_line,
+    new_cluster_id,
+    pid_alive,
+    port_in_use,
+    read_properties,
+    run_async,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +123,7 @@ class LocalBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "LocalBroker":
+    def __enter__(self) -> LocalBroker:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -120,7 +136,7 @@ class LocalBroker:
         port = self._recorded_port() or self.port  # the port it runs on, or last ran on
         return BrokerStatus(pid is not None, pid, port, self.data_dir, self.log_file)
 
-    def start(self, timeout: float = 90.0) -> "LocalBroker":
+    def start(self, timeout: float = 90.0) -> LocalBroker:
         """Start the broker and return once it answers a metadata request on :attr:`bootstrap`."""
         deadline = time.monotonic() + timeout
         self.launch()
@@ -348,8 +364,8 @@ class LocalBroker:
                 self._fail(f"the broker did not answer on {self.bootstrap} within {timeout:g}s")
             if self._accepts_connections():
                 with quiet_logger("aiokafka"):
-                    if run_async(lambda: answers_metadata(self.bootstrap, self.node_id,
-                                                            min(5.0, max(remaining, 0.5)))):
+                    if run_async(functools.partial(answers_metadata, self.bootstrap, self.node_id,
+                                                   min(5.0, max(remaining, 0.5)))):
                         return
             time.sleep(0.2)
 

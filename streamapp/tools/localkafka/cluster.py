@@ -69,7 +69,7 @@ class LocalCluster:
     def cluster_id_file(self) -> Path:
         return self.data_dir / "cluster.id"
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -81,7 +81,7 @@ class LocalCluster:
     def running(self) -> bool:
         return all(status.running for status in self.status())
 
-    def start(self, timeout: float = 120.0) -> "LocalCluster":
+    def start(self, timeout: float = 120.0) -> LocalCluster:
         """Start every node that is not running, and return once each answers."""
         deadline = time.monotonic() + timeout
         self._share_cluster_id()

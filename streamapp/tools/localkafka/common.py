@@ -1,7 +1,7 @@
 """What every part of the local broker manager shares: the Kafka version, defaults and errors."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from streamapp.errors import ExitCode, StreamappError
 

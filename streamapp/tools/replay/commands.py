@@ -110,10 +110,10 @@ def run_record(args: argparse.Namespace) -> int:
                                     latency_ms=round(args.latency * 1000), start_ms=SYNTHETIC_START_MS,
                                     prefix=args.stream)
         renamed = (_renamed(record, names) for record in records)
-        topics = {names["frames"]: settings.partitions, names["detections"]: settings.partitions}
+        partitions = {names["frames"]: settings.partitions, names["detections"]: settings.partitions}
         note = (f"synthetic: {args.streams} cameras ({args.stream}1...) x {args.frames} frames, {width}x{height}, "
                 f"{args.fps} fps, results {args.latency * 1000:.0f} ms after their frames")
-        with RecordingWriter(args.out, topics, note=note) as writer:
+        with RecordingWriter(args.out, partitions, note=note) as writer:
             count = writer.write_all(renamed)
     else:
         if args.follow and not (args.max_records or args.duration):

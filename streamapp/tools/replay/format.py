@@ -15,9 +15,9 @@ import json
 import struct
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
-
+from typing import BinaryIO
 
 from streamapp.errors import StreamappError
 
@@ -77,7 +77,7 @@ class RecordingWriter:
         self._file: BinaryIO = open(self.path, "wb")
         self._file.write(_FILE_PREFIX.pack(MAGIC, VERSION, len(encoded)) + encoded)
 
-    def __enter__(self) -> "RecordingWriter":
+    def __enter__(self) -> RecordingWriter:
         return self
 
     def __exit__(self, exc_type, *_) -> None:
@@ -155,7 +155,7 @@ class Recording:
                 body = self._exactly(file, length, count)
                 if zlib.crc32(body) != crc:
                     raise self._error(f"record {count} fails its CRC-32 check (damaged)")
-                yield _decode_record(body, lambda reason: self._error(f"record {count}: {reason}"))
+                yield _decode_record(body, lambda reason, number=count: self._error(f"record {number}: {reason}"))
                 count += 1
 
     def _exactly(self, file: BinaryIO, size: int, count: int) -> bytes:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 from aiokafka.partitioner import murmur2
 
@@ -12,7 +12,7 @@ from streamapp.agents.join import Joiner
 from streamapp.settings import Settings
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tools.replay.format import Record
-from streamapp.tools.replay.transforms import side_of
+from streamapp.tools.replay.transforms import side_of, side_value
 
 _END_OF_TIME = 2**62
 
@@ -47,7 +47,7 @@ def predict(records: Iterable[Record], settings: Settings, *, speed: float | Non
         # The replayer never waits for a timestamp earlier than one it has passed: neither does this clock.
         now = max(now, 0 if speed is None else round((record.timestamp_ms - start) / speed))
         window.expire(now)
-        decoded = wire.decode(record.value)
+        decoded = side_value(record)
         if window.arrive(record, decoded, now) is not None:
             joined.add(decoded.id)
         window.expire(now)
@@ -69,7 +69,8 @@ class _PredictedWindow(dict):
     def put(self, key: bytes, entry: Entry) -> None:
         self[key] = entry
 
-    def arrive(self, record: Record, decoded, now: int):
+    def arrive(self, record: Record, decoded: wire.Frame | wire.Detections, now: int) -> wire.Joined | None:
+        assert record.value is not None  # decoded from it
         partition = (murmur2(record.key or b"") & 0x7FFFFFFF) % self.partitions
         side = EntryKind.FRAME if isinstance(decoded, wire.Frame) else EntryKind.RESULT
         read = (side, partition, wire.run_of(decoded.id.join_key()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaProducer
 

@@ -54,7 +54,7 @@ class Scenario:
             raise ReplayError(f"{path}: not a scenario file: {exc!r}") from None
 
     @classmethod
-    def load(cls, path: Path) -> "Scenario":
+    def load(cls, path: Path) -> Scenario:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:

@@ -15,8 +15,7 @@ import heapq
 import itertools
 import random
 import re
-from typing import Callable, Iterable, Iterator, Optional
-
+from collections.abc import Callable, Iterable, Iterator
 
 from streamapp import wire
 from streamapp.errors import StreamappError
@@ -32,7 +31,7 @@ class ReplayError(StreamappError, ValueError):
     """A replay that cannot run as asked: a bad transform spec, mismatched topics, ..."""
 
 
-def side_of(record: Record) -> Optional[str]:
+def side_of(record: Record) -> str | None:
     """``"frames"``, ``"results"``, or None for anything else. A malformed frame or result is
     "anything else": transforms pass it untouched, and the join dead-letters it as it would live."""
     try:
@@ -48,15 +47,23 @@ def _on(side: str, record: Record) -> bool:
 
 
 def frame_id(record: Record) -> wire.FrameId:
-    return wire.decode(record.value).id
+    return side_value(record).id
+
+
+def side_value(record: Record) -> wire.Frame | wire.Detections:
+    """The frame or result of a record on a side (:func:`side_of` is not None)."""
+    decoded = wire.decode(record.value)
+    if isinstance(decoded, wire.Joined):
+        raise ReplayError(f"{record.topic} offset {record.offset}: a joined record is on neither side")
+    return decoded
 
 
 def _with_id(record: Record, new_id: wire.FrameId, bucket_size: int) -> Record:
     """The record of another frame id: its value, its key, and (left to the key partitioner, as
     for the original) its partition."""
-    decoded = dataclasses.replace(wire.decode(record.value), id=new_id)
-    value = (wire.encode_frame(decoded) if isinstance(decoded, wire.Frame)
-             else wire.encode_detections(decoded))
+    decoded = side_value(record)
+    value = (wire.encode_frame(dataclasses.replace(decoded, id=new_id)) if isinstance(decoded, wire.Frame)
+             else wire.encode_detections(dataclasses.replace(decoded, id=new_id)))
     return dataclasses.replace(record, value=value, key=new_id.bucket_key(bucket_size), partition=None)
 
 
@@ -225,7 +232,7 @@ def parse_transform(spec: str, *, seed: int, position: int, bucket_size: int) ->
     """A transform from its spec (see :data:`SPEC_HELP`); each gets its own seeded generator."""
     name, *args = spec.strip().split(":")
     rng = random.Random(f"{seed}:{position}:{name}")
-    parsers = {
+    parsers: dict[str, tuple[int, Callable[..., Transform]]] = {
         "reorder": (1, lambda n: Reorder(_count(n, spec), rng)),
         "drop": (2, lambda side, p: Drop(_side(side, spec), _fraction(p, spec), rng)),
         "duplicate": (2, lambda side, p: Duplicate(_side(side, spec), _fraction(p, spec), rng)),
@@ -273,13 +280,13 @@ def _ms(text: str, spec: str) -> int:
 
 def apply(records: Iterable[Record], transforms: Iterable[Transform]) -> Records:
     # Transforms move when a record is sent; its event time stays what was recorded.
-    stream = (dataclasses.replace(record, event_ms=record.event_time_ms) for record in records)
+    stream: Records = (dataclasses.replace(record, event_ms=record.event_time_ms) for record in records)
     for transform in transforms:
         stream = transform(stream)
     return stream
 
 
-def interleave(sources: list[Iterable[Record]]) -> Records:
+def interleave(sources: Iterable[Iterable[Record]]) -> Records:
     """Several recordings as one, merged by time, each shifted to start when the first starts."""
     heads = []
     for source in sources:
