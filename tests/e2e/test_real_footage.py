@@ -59,6 +59,13 @@ def boxes_of(joined: wire.Joined):
     return joined.frame.id, joined.detections.boxes if joined.matched else None
 
 
+async def read_boxes(settings: Settings, expected: int) -> list:
+    """:func:`boxes_of` every record on ``joined`` until ``expected`` frames are out."""
+    kept: list = []
+    await read_joined_until(settings, expected, 900, lambda joined: kept.append(boxes_of(joined)))
+    return kept
+
+
 @pytest.fixture(scope="module")
 def settings(kafka_bootstrap):
     return Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"real-{uuid.uuid4().hex[:8]}.",
@@ -78,9 +85,7 @@ def runs(settings, sample_videos, model_files, tmp_path_factory):
             epoch = new_epoch()
             published = asyncio.run(publish(settings, sample_videos["vtest.avi"], epoch))
             # `joined` holds the earlier runs too: read until this one is complete as well.
-            joined: list = []
-            asyncio.run(read_joined_until(settings, len(published) * (len(runs) + 1), 900,
-                                          lambda record, into=joined: into.append(boxes_of(record))))
+            joined = asyncio.run(read_boxes(settings, len(published) * (len(runs) + 1)))
             stats = {worker.stage: worker.stats() for worker in workers}
             runs.append(Run(epoch, published, [item for item in joined if item[0].epoch == epoch],
                             {stage: int(values["process_peak_resident_memory_bytes"])
