@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from streamapp import assets, chaos, replay_commands
 from streamapp.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
-from streamapp.bench import infer as infer_bench, join_command, soak_command
+from streamapp.bench import disk_command, infer as infer_bench, join_command, soak_command
 from streamapp.broker import (CLUSTER_NODES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION, LocalBroker,
                               LocalCluster, default_cluster_dir, default_data_dir, kafka_home)
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
@@ -303,6 +303,7 @@ BENCHES: list[Command] = [
     Command("join", join_command.HELP, join_command.configure, join_command.run),
     Command("soak", soak_command.HELP, soak_command.configure, soak_command.run),
     Command("infer", infer_bench.HELP, infer_bench.configure, infer_bench.run),
+    Command("disk", disk_command.HELP, disk_command.configure, disk_command.run),
 ]
 
 
@@ -330,7 +331,7 @@ COMMANDS: list[Command] = [
     fetch_command("samples", assets.SAMPLES, "the sample videos (vtest.avi, bikes.mp4)"),
     Command("demo", "run the whole pipeline on a local broker and check the output", configure_demo, run_demo),
     Command("bench", "long-running measurements (chaos: crashes under load; join: against Kafka Streams; "
-                     "soak: memory and disk)",
+                     "soak: memory and disk; disk: every disk budget on small file systems)",
             configure_bench, run_bench),
     Command("record", "record topics (or synthetic cameras) to a recording file",
             replay_commands.configure_record, replay_commands.run_record),
