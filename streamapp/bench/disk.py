@@ -105,14 +105,19 @@ def mounts_under(directory: Path) -> list[str]:
 
 @contextlib.contextmanager
 def terminate_as_interrupt():
-    """SIGTERM ends the run as Ctrl-C does, so the mounts and processes are cleaned up."""
+    """SIGTERM ends the run as Ctrl-C does, so the mounts and processes are cleaned up: inside
+    ``asyncio.run`` its SIGINT handler cancels the run's tasks in order. Ctrl-C works even where a
+    shell started the bench in the background, with SIGINT ignored."""
     def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, interrupt)
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 # --- the pipeline -----------------------------------------------------------------------------

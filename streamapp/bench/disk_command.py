@@ -54,15 +54,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=count_arg, default=defaults.streams, help="synthetic cameras (default 2)")
     parser.add_argument("--fps", type=steady_fps_arg, default=defaults.fps, help="frames per second per camera (default 15)")
     parser.add_argument("--size", type=resolution_arg, default=(defaults.width, defaults.height),
-                        help="frame size WIDTHxHEIGHT (default 640x480)")
+                        help="frame size WIDTHxHEIGHT (default 320x240)")
     parser.add_argument("--partitions", type=count_arg, default=defaults.partitions,
                         help="STREAMAPP_PARTITIONS of every topic (default 2)")
     parser.add_argument("--broker-budget", type=size_arg, default=defaults.broker_budget_bytes,
-                        help="STREAMAPP_BROKER_DISK_BUDGET (default 4GiB: at the default rate the frames topic keeps about 6 minutes)")
+                        help="STREAMAPP_BROKER_DISK_BUDGET (default 1536MiB: at the default rate the frames topic keeps about 6 minutes)")
     parser.add_argument("--join-budget", type=size_arg, default=defaults.join_budget_bytes,
                         help="STREAMAPP_DISK_BUDGET of the join (default 128MiB)")
     parser.add_argument("--sink-budget", type=size_arg, default=defaults.sink_budget_bytes,
-                        help="STREAMAPP_SINK_DISK_BUDGET, per stream (default 256MiB)")
+                        help="STREAMAPP_SINK_DISK_BUDGET, per stream (default 128MiB)")
     parser.add_argument("--reserve", type=size_arg, default=defaults.reserve_bytes,
                         help="STREAMAPP_DISK_RESERVE, also added to each file system (default 64MiB)")
     parser.add_argument("--max-frame-bytes", type=size_arg, default=defaults.max_frame_bytes,

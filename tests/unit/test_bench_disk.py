@@ -116,3 +116,29 @@ def test_a_run_passes_only_with_no_worker_dead_every_frame_accounted_and_every_d
                                       "sink": [10, 20, 30, 40, 50, 60, 70, 80, 85, 90, 95, 99]}),
                             {"broker": 100, "join": 100, "sink": 100})
     assert not passed(climbing, frames, workers_died=[])
+
+
+def test_sigterm_ends_the_run_as_ctrl_c_does_so_its_cleanup_runs():
+    import asyncio
+    import os
+    import signal
+
+    from streamapp.bench.disk import terminate_as_interrupt
+
+    cleaned = []
+
+    async def run():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append("tasks")
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        try:
+            asyncio.run(run())
+        finally:
+            cleaned.append("mounts")
+    assert cleaned == ["tasks", "mounts"]
+    assert signal.getsignal(signal.SIGTERM) is before
