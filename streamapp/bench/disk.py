@@ -48,7 +48,8 @@ from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.workers import Worker
 
-STATS_TIMEOUT_S = 0.5
+STATS_TIMEOUT_S = 0.5   # a sample does not wait for a busy worker
+FINAL_STATS_TIMEOUT_S = 10.0
 
 
 class NeedsRoot(StreamappError, PermissionError):
@@ -130,31 +131,32 @@ class OnSmallDisks(Pipeline):
     def __init__(self, settings: Settings, work: Path, join_disk: Path) -> None:
         super().__init__(settings, work)
         self.join_disk = join_disk
-        self.stopped: set[str] = set()
+        # Replaced, never changed in place: the sampler's thread reads it while stages stop and go.
+        self.stopped: frozenset[str] = frozenset()
 
     def data_dir(self, stage: str) -> Path:
         return self.join_disk if stage == "join" else super().data_dir(stage)
 
     def pause(self, stage: str) -> None:
         os.killpg(self.workers[stage].process.pid, signal.SIGSTOP)
-        self.stopped.add(stage)
+        self.stopped |= {stage}
 
     def resume(self, stage: str) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.workers[stage].process.pid, signal.SIGCONT)
-        self.stopped.discard(stage)
+        self.stopped -= {stage}
 
     def stop(self) -> None:
-        for stage in list(self.stopped):
+        for stage in self.stopped:
             self.resume(stage)  # a stopped process does not act on SIGTERM
         super().stop()
 
 
-def stats_of(worker: Worker) -> dict:
-    """The worker's stats page, or {} if it does not answer at once (busy, stopped)."""
+def stats_of(worker: Worker, timeout_s: float = STATS_TIMEOUT_S) -> dict:
+    """The worker's stats page, or {} if it does not answer in time (busy, stopped)."""
     url = f"http://127.0.0.1:{worker.settings.web_port}/streamapp/stats/"
     try:
-        with urllib.request.urlopen(url, timeout=STATS_TIMEOUT_S) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return json.loads(response.read())
     except (OSError, ValueError):
         return {}
@@ -196,13 +198,17 @@ class DiskRun:
         background = [asyncio.create_task(self._sample_every_second()),
                       asyncio.create_task(self._read_joined())]
         producing = asyncio.create_task(self.source.run())
+        background.append(asyncio.create_task(self._faults()))
         try:
-            await self._faults()
+            await asyncio.wait([background[-1], producing], return_when=asyncio.FIRST_COMPLETED)
+            if producing.done():
+                producing.result()  # the source failed: say why
             self.source.stopping.set()
             await producing
             await wait_for(self._drained, self.options.drain_timeout_s)
             await asyncio.sleep(2)  # a last sample of the settled state
-            observed.final_stats = {stage: stats_of(worker) for stage, worker in self.pipeline.workers.items()}
+            observed.final_stats = {stage: await asyncio.to_thread(stats_of, worker, FINAL_STATS_TIMEOUT_S)
+                                    for stage, worker in self.pipeline.workers.items()}
         finally:
             self.source.stopping.set()
             for task in background + [producing]:
@@ -232,8 +238,6 @@ class DiskRun:
 
     async def _until(self, t: float) -> None:
         await asyncio.sleep(max(0.0, t - self.observed.elapsed()))
-        if self.source.stopping.is_set():
-            raise RuntimeError("the source stopped before the run's end")
 
     def _drained(self) -> bool:
         """Every frame sent left the join, and the sink has read everything the join wrote."""
