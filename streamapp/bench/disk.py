@@ -400,6 +400,9 @@ def draw_chart(path: Path, report: dict) -> None:
                          limits={"budget": report["disk"][component]["budget_bytes"],
                                  "file system": report["filesystem_bytes"][component]})
               for component in COMPONENTS]
+    panels.append(line_image("frames sent, not yet out of the join",
+                             {"frames waiting": [(s["t"], s["frames_sent"] - s["frames_out_of_join"]) for s in samples]},
+                             unit="frames", scale=1))
     processes = samples[0]["rss_bytes"] if samples else {}
     panels.append(line_image("RSS per process", {f"{name} RSS": [(s["t"], s["rss_bytes"].get(name, 0)) for s in samples]
                                                   for name in processes}))
