@@ -51,6 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="how long the sink is slowed, right after the stall (default 5min)")
     parser.add_argument("--sink-stopped", type=share_arg, default=defaults.sink_stopped_share,
                         help="share of every 4 s the slowed sink is stopped (default 0.75)")
+    parser.add_argument("--drain", type=duration_arg, default=defaults.drain_timeout_s,
+                        help="the longest to wait, once the cameras stop, for every frame to leave the join "
+                             "and the sink to read all of it (default 10min)")
     parser.add_argument("--streams", type=count_arg, default=defaults.streams, help="synthetic cameras (default 2)")
     parser.add_argument("--fps", type=steady_fps_arg, default=defaults.fps, help="frames per second per camera (default 15)")
     parser.add_argument("--size", type=resolution_arg, default=(defaults.width, defaults.height),
@@ -79,7 +82,7 @@ def options_from(args: argparse.Namespace) -> DiskBenchOptions:
         stall_s=args.stall, slow_s=args.slow_sink, sink_stopped_share=args.sink_stopped,
         partitions=args.partitions, max_frame_bytes=args.max_frame_bytes, broker_budget_bytes=args.broker_budget,
         join_budget_bytes=args.join_budget, sink_budget_bytes=args.sink_budget, reserve_bytes=args.reserve,
-        out=args.out, work=args.work)
+        drain_timeout_s=args.drain, out=args.out, work=args.work)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,7 +48,7 @@ class DiskBenchOptions:
     detector: str = "color"
     out: Path = Path("docs/benchmarks/disk")
     work: Path = Path("out/bench-disk")     # mount points, worker logs
-    drain_timeout_s: float = 300.0
+    drain_timeout_s: float = 600.0          # after the cameras stop, for the join and the sink to finish
 
     def settings(self, base: Settings) -> Settings:
         """The pipeline's settings for this run; a bad combination raises SettingsError."""

@@ -18,6 +18,7 @@ MIB = 1024**2
     (["--duration", "0s"], "expected a duration above 0"),
     (["--stall=-5min"], "is negative"),
     (["--slow-sink", "soon"], "needs a unit"),
+    (["--drain", "0min"], "expected a duration above 0"),
     (["--sink-stopped", "1"], "between 0 and 1"),
     (["--sink-stopped", "x"], "expected a number between 0 and 1"),
     (["--streams", "0"], "expected at least 1"),
