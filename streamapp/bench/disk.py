@@ -48,6 +48,9 @@ from streamapp.settings import STAGES, Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
 from streamapp.workers import Worker
 
+# What a run makes under --work: the broker's dir (its log dir a mount), the two other mount
+# points, the workers' logs and their data dirs.
+WORK_DIRS = ("broker", "join", "sink", "logs", ".data")
 STATS_TIMEOUT_S = 0.5   # a sample does not wait for a busy worker
 FINAL_STATS_TIMEOUT_S = 10.0
 
@@ -56,8 +59,9 @@ class NeedsRoot(StreamappError, PermissionError):
     exit_code = ExitCode.NEEDS_ROOT
 
 
-class MountError(StreamappError, RuntimeError):
-    """A small file system could not be mounted, or one is left from an earlier run."""
+class DiskBenchError(StreamappError, RuntimeError):
+    """A small file system could not be mounted, one is left from an earlier run, or the
+    pipeline did not start."""
 
 
 def require_root() -> None:
@@ -78,11 +82,11 @@ class SmallDisks:
     def mount(self, directory: Path, size_bytes: int) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         if os.path.ismount(directory):
-            raise MountError(f"{directory} is already a mount point", f"unmount it (`umount {directory}`)")
+            raise DiskBenchError(f"{directory} is already a mount point", f"unmount it (`umount {directory}`)")
         result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(directory)],
                                 capture_output=True, text=True)
         if result.returncode != 0:
-            raise MountError(f"cannot mount a tmpfs of {size_bytes} bytes at {directory}: "
+            raise DiskBenchError(f"cannot mount a tmpfs of {size_bytes} bytes at {directory}: "
                              f"{result.stderr.strip() or result.returncode}")
         self.mounted.append(directory)
         return directory
@@ -302,35 +306,32 @@ def run_disk_bench(options: DiskBenchOptions, settings: Settings) -> dict:
     require_root()
     work = options.work.resolve()
     if left := mounts_under(work):
-        raise MountError(f"file systems from an earlier run are still mounted under {work}: {', '.join(left)}",
+        raise DiskBenchError(f"file systems from an earlier run are still mounted under {work}: {', '.join(left)}",
                          "unmount them first")
-    shutil.rmtree(work, ignore_errors=True)
+    for name in WORK_DIRS:  # only what an earlier run left: --work may hold other things
+        shutil.rmtree(work / name, ignore_errors=True)
     sizes = filesystem_bytes(options)
     small_disks = SmallDisks()
     broker = LocalBroker(work / "broker", free_port())
-    pipeline = None
-    with terminate_as_interrupt():
-        try:
-            disks = {"broker": small_disks.mount(broker.log_dirs, sizes["broker"]),
-                     "join": small_disks.mount(work / "join", sizes["join"]),
-                     "sink": small_disks.mount(work / "sink", sizes["sink"])}
-            broker.start(timeout=120)
-            settings = settings.replace(broker=f"kafka://{broker.bootstrap}", topic_prefix=f"disk-{new_epoch()}.",
-                                        stages=STAGES, out_dir=disks["sink"])
-            asyncio.run(ensure_topics(settings))
-            pipeline = OnSmallDisks(settings, work, disks["join"])
-            for stage in STAGES:
-                pipeline.start(stage)
-            if asyncio.run(wait_for(lambda: all(worker.ready() for worker in pipeline.workers.values()), 180)) is None:
-                raise TimeoutError("timed out after 180 s waiting for the workers to be ready")
-            load_before = os.getloadavg()
-            observed = asyncio.run(DiskRun(options, settings, pipeline, broker, disks).run())
-            observed.died |= pipeline.exited()
-        finally:
-            if pipeline is not None:
-                pipeline.stop()
-            broker.stop()
-            small_disks.unmount_all()
+    with terminate_as_interrupt(), contextlib.ExitStack() as cleanup:  # each step undone, last first
+        cleanup.callback(small_disks.unmount_all)
+        disks = {"broker": small_disks.mount(broker.log_dirs, sizes["broker"]),
+                 "join": small_disks.mount(work / "join", sizes["join"]),
+                 "sink": small_disks.mount(work / "sink", sizes["sink"])}
+        cleanup.callback(broker.stop)
+        broker.start(timeout=120)
+        settings = settings.replace(broker=f"kafka://{broker.bootstrap}", topic_prefix=f"disk-{new_epoch()}.",
+                                    stages=STAGES, out_dir=disks["sink"])
+        asyncio.run(ensure_topics(settings))
+        pipeline = OnSmallDisks(settings, work, disks["join"])
+        cleanup.callback(pipeline.stop)
+        for stage in STAGES:
+            pipeline.start(stage)
+        if asyncio.run(wait_for(lambda: all(worker.ready() for worker in pipeline.workers.values()), 180)) is None:
+            raise DiskBenchError("the workers were not ready after 180 s", f"see their logs in {work / 'logs'}")
+        load_before = os.getloadavg()
+        observed = asyncio.run(DiskRun(options, settings, pipeline, broker, disks).run())
+        observed.died |= pipeline.exited()
     report = build_report(options, sizes, observed, {"before": load_before, "after": os.getloadavg()})
     out = options.out
     out.mkdir(parents=True, exist_ok=True)

@@ -143,3 +143,22 @@ def test_sigterm_ends_the_run_as_ctrl_c_does_so_its_cleanup_runs():
             cleaned.append("mounts")
     assert cleaned == ["tasks", "mounts"]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_small_disks_are_real_file_systems_of_their_size_and_all_go_away(tmp_path):
+    import shutil
+
+    from streamapp.bench.disk import DiskBenchError, SmallDisks, mounts_under
+
+    disks = SmallDisks()
+    try:
+        first = disks.mount(tmp_path / "a" / "logs", 4 * MIB)
+        disks.mount(tmp_path / "b", 8 * MIB)
+        assert shutil.disk_usage(first).total == 4 * MIB
+        assert sorted(mounts_under(tmp_path)) == [str(tmp_path / "a" / "logs"), str(tmp_path / "b")]
+        with pytest.raises(DiskBenchError, match="already a mount point"):
+            disks.mount(first, MIB)
+    finally:
+        disks.unmount_all()
+    assert mounts_under(tmp_path) == [] and not (tmp_path / "b").exists()
