@@ -140,18 +140,21 @@ def plateaued(values: Sequence[int], budget: int) -> bool | None:
 
 
 def disk_verdict(samples: Sequence[dict], budget_of: dict[str, int]) -> dict[str, dict]:
-    """Per component: peak used bytes, whether every sample stayed below its budget, whether
-    the series plateaued."""
+    """Per component: peak used bytes, whether every sample stayed below its budget, and whether
+    the series plateaued while the cameras played (once they stop nothing grows, so the drain's
+    samples would make any series look flat)."""
+    playing = [sample for sample in samples if sample.get("phase") != DRAIN]
     verdict = {}
     for component in COMPONENTS:
         used = [sample[component]["used_bytes"] for sample in samples]
+        used_playing = [sample[component]["used_bytes"] for sample in playing]
         budget = budget_of[component]
         verdict[component] = {
             "budget_bytes": budget,
             "peak_used_bytes": max(used, default=0),
-            "last_quarter_peak_bytes": max(used[len(used) * 3 // 4:], default=0),
+            "last_quarter_peak_bytes": max(used_playing[len(used_playing) * 3 // 4:], default=0),
             "below_budget": bool(used) and max(used) < budget,
-            "plateaued": plateaued(used, budget),
+            "plateaued": plateaued(used_playing, budget),
         }
     return verdict
 

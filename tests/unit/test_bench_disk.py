@@ -162,3 +162,15 @@ def test_small_disks_are_real_file_systems_of_their_size_and_all_go_away(tmp_pat
     finally:
         disks.unmount_all()
     assert mounts_under(tmp_path) == [] and not (tmp_path / "b").exists()
+
+
+def test_the_plateau_is_judged_while_the_cameras_play_not_over_the_drain():
+    climbing = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120]
+    samples = _samples({"broker": climbing + [120] * 12, "join": [5] * 24, "sink": [5] * 24})
+    for sample in samples[:12]:
+        sample["phase"] = STEADY
+    for sample in samples[12:]:
+        sample["phase"] = DRAIN
+    verdict = disk_verdict(samples, {"broker": 1000, "join": 100, "sink": 100})
+    assert verdict["broker"]["plateaued"] is False and verdict["broker"]["last_quarter_peak_bytes"] == 120
+    assert verdict["join"]["plateaued"] is True
