@@ -152,10 +152,16 @@ class FrameFileSink:
 # --- retention --------------------------------------------------------------------------------
 
 
+def _disk_bytes(path: Path) -> int:
+    """What a file takes on its file system: its blocks, not its length (a 48 KB frame takes
+    52 KB of 4 KiB blocks), so the budget bounds the disk the sink uses."""
+    return path.stat().st_blocks * 512
+
+
 class StreamRetention:
-    """The newest ``budget_bytes`` of each stream's files (frames and closed segments) are kept;
-    past it, the stream's oldest files are deleted, counted. Files already on disk at start are
-    taken in the order they were last written."""
+    """The newest ``budget_bytes`` of each stream's files (frames and closed segments, as the
+    blocks they take on disk) are kept; past it, the stream's oldest files are deleted, counted.
+    Files already on disk at start are taken in the order they were last written."""
 
     def __init__(self, out_dir: str | Path, budget_bytes: int) -> None:
         self.out_dir = Path(out_dir)
@@ -167,7 +173,7 @@ class StreamRetention:
         self._adopt_existing()
 
     def add(self, stream: str, path: Path) -> None:
-        size = path.stat().st_size
+        size = _disk_bytes(path)
         self._files.setdefault(stream, collections.deque()).append((path, size))
         self._bytes[stream] += size
         self._enforce(stream)

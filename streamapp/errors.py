@@ -20,6 +20,7 @@ class ExitCode(enum.IntEnum):
     NO_MAVEN = 5  # the Kafka jars are missing and Maven is not there to fetch them
     NO_BROKER = 6  # no Kafka broker answers at STREAMAPP_BROKER
     PORT_BUSY = 7  # a port the command must listen on is taken
+    NEEDS_ROOT = 8  # `bench disk` mounts file systems, which needs root
 
 
 class StreamappError(Exception):

@@ -44,16 +44,15 @@ from streamapp.tools.harness import (
     POLL_S,
     JoinedTopic,
     Pipeline,
+    SteadyCameras,
     ensure_broker,
     processed,
     read_joined,
-    synthetic_streams,
     wait_for,
 )
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import LocalCluster, count_under_replicated, default_cluster_dir
 from streamapp.tools.localkafka.common import DEFAULT_PORT
-from streamapp.tools.publisher import FramePublisher
 from streamapp.units import parse_duration
 from streamapp.wire import new_epoch
 
@@ -101,23 +100,6 @@ class BrokerFault:
     in_sync_s: float | None = None  # ... until every partition had all its copies in sync
 
 
-class Source:
-    """Publishes endless synthetic streams at a steady rate until stopped; remembers every id."""
-
-    def __init__(self, options: ChaosOptions, settings: Settings) -> None:
-        self.options = options
-        self.settings = settings
-        self.produced: set[wire.FrameId] = set()
-        self.stopping = asyncio.Event()
-
-    async def run(self) -> None:
-        streams = synthetic_streams(self.options.streams, self.options.width, self.options.height, frames=None,
-                                    fps=self.options.fps, epoch=new_epoch())
-        async with FramePublisher(self.settings) as publisher:
-            await publisher.play(streams, self.options.fps, stopping=self.stopping,
-                                 on_frame=lambda frame, truth: self.produced.add(frame.id))
-
-
 BROKER = "broker"
 
 
@@ -139,7 +121,7 @@ class ChaosRun:
             raise ValueError("broker kills and rolling restarts need a LocalCluster")
         return self.cluster
 
-    async def run(self, pipeline: Pipeline, source: Source) -> None:
+    async def run(self, pipeline: Pipeline, source: SteadyCameras) -> None:
         began = time.monotonic()
         producing = asyncio.create_task(source.run())
 
@@ -240,7 +222,7 @@ def sink_files(out: Path, produced: set[wire.FrameId]) -> int:
     return sum(frame_path(out, frame_id).exists() for frame_id in produced)
 
 
-def report(options: ChaosOptions, run: ChaosRun, source: Source, joined: JoinedTopic, out: Path,
+def report(options: ChaosOptions, run: ChaosRun, source: SteadyCameras, joined: JoinedTopic, out: Path,
            elapsed_s: float) -> dict:
     run.files.check()
     produced = source.produced
@@ -308,7 +290,7 @@ def run_chaos(options: ChaosOptions, settings: Settings | None = None, cluster: 
     try:
         pipeline.start_all()
         began = time.monotonic()
-        source = Source(options, base)
+        source = SteadyCameras(base, options.streams, options.width, options.height, options.fps)
         chaos = ChaosRun(options, FrameFiles(out), cluster)
         asyncio.run(chaos.run(pipeline, source))
         asyncio.run(wait_for(lambda: sink_files(out, source.produced) == len(source.produced),

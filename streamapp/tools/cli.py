@@ -27,7 +27,7 @@ from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings
 from streamapp.tools import chaos
 from streamapp.tools.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
-from streamapp.tools.bench import infer as infer_bench, join_command, soak_command
+from streamapp.tools.bench import disk_command, infer as infer_bench, join_command, soak_command
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import CLUSTER_NODES, LocalCluster, default_cluster_dir
 from streamapp.tools.localkafka.common import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION
@@ -313,6 +313,7 @@ BENCHES: list[Command] = [
     Command("join", join_command.HELP, join_command.configure, join_command.run),
     Command("soak", soak_command.HELP, soak_command.configure, soak_command.run),
     Command("infer", infer_bench.HELP, infer_bench.configure, infer_bench.run),
+    Command("disk", disk_command.HELP, disk_command.configure, disk_command.run),
 ]
 
 
@@ -340,7 +341,7 @@ COMMANDS: list[Command] = [
     fetch_command("samples", assets.SAMPLES, "the sample videos (vtest.avi, bikes.mp4)"),
     Command("demo", "run the whole pipeline on a local broker and check the output", configure_demo, run_demo),
     Command("bench", "long-running measurements (chaos: crashes under load; join: against Kafka Streams; "
-                     "soak: memory and disk)",
+                     "soak: memory and disk; disk: every disk budget on small file systems)",
             configure_bench, run_bench),
     Command("record", "record topics (or synthetic cameras) to a recording file",
             replay_commands.configure_record, replay_commands.run_record),

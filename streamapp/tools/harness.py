@@ -1,7 +1,7 @@
 """One harness for everything that runs the pipeline as processes: a broker, one worker process
 per stage, publishers of frames, and readers of ``joined``.
 
-The demo, ``bench chaos``, ``bench soak``, ``bench join`` and the tests that run workers are all
+The demo, ``bench chaos``, ``bench soak``, ``bench join``, ``bench disk`` and the tests that run workers are all
 built from these pieces, so they start, feed, read and stop the pipeline the same way. Loads and
 publishers produce as :func:`streamapp.tools.publisher.producer_config` says; readers of the
 output consume as :func:`output_consumer` says. (The systems that ``bench join`` measures, the
@@ -164,6 +164,23 @@ def synthetic_streams(count: int, width: int, height: int, *, frames: int | None
             for number in range(1, count + 1)]
 
 
+class SteadyCameras:
+    """Publishes ``count`` endless synthetic cameras of a new epoch, each at ``fps``, until
+    :attr:`stopping` is set; remembers every id sent."""
+
+    def __init__(self, settings: Settings, count: int, width: int, height: int, fps: float) -> None:
+        self.settings = settings
+        self.count, self.width, self.height, self.fps = count, width, height, fps
+        self.produced: set[wire.FrameId] = set()
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        streams = synthetic_streams(self.count, self.width, self.height, frames=None, fps=self.fps, epoch=new_epoch())
+        async with FramePublisher(self.settings) as publisher:
+            await publisher.play(streams, self.fps, stopping=self.stopping,
+                                 on_frame=lambda frame, truth: self.produced.add(frame.id))
+
+
 async def publish_frames(settings: Settings, stream: str, count: int, *, seed: int,
                          size: tuple[int, int] = (160, 120)) -> list[wire.FrameId]:
     """Publish ``count`` small synthetic frames of a new epoch of ``stream``, unpaced; their ids."""
@@ -186,10 +203,10 @@ def output_consumer(settings: Settings, *topics: str, **overrides) -> AIOKafkaCo
 
 
 async def follow(settings: Settings, topic: str, on_records: Callable[[list], None], *,
-                 poll_ms: int = 500) -> None:
+                 poll_ms: int = 500, **overrides) -> None:
     """Hand what each poll of ``topic`` (from its start) brings, if anything, to ``on_records``,
-    until cancelled."""
-    consumer = output_consumer(settings, topic)
+    until cancelled (the consumer as :func:`output_consumer` makes it, with ``overrides``)."""
+    consumer = output_consumer(settings, topic, **overrides)
     await consumer.start()
     try:
         while True:

@@ -81,9 +81,9 @@ class Worker(Process):
             [str(faust), "-A", "streamapp.app", "worker", "-l", "info", "--web-port", str(settings.web_port)],
             log_dir / f"{stage}.log", READY_MARKER, env={**os.environ, **settings.to_env()})
 
-    def stats(self) -> dict:
+    def stats(self, timeout_s: float = 5.0) -> dict:
         url = f"http://127.0.0.1:{self.settings.web_port}/streamapp/stats/"
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return json.loads(response.read())
 
 
