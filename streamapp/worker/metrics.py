@@ -18,6 +18,7 @@ import gc
 import re
 import resource
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -212,6 +213,9 @@ class LeanPrometheusMonitor(PrometheusMonitor):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._labelled: dict[tuple, Any] = {}
+        # Weakly, as Faust's own monitor keys streams: an agent restarted in a rebalance gets new
+        # streams, and an id could be reused by one with another label.
+        self._stream_events: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def _child(self, family, *labels):
         key = (id(family), *labels)
@@ -234,10 +238,9 @@ class LeanPrometheusMonitor(PrometheusMonitor):
         metrics = self._metrics
         metrics.total_events.inc()
         metrics.total_active_events.inc()
-        key = (id(metrics.total_events_per_stream), id(stream))
-        child = self._labelled.get(key)
+        child = self._stream_events.get(stream)
         if child is None:
-            child = self._labelled[key] = metrics.total_events_per_stream.labels(
+            child = self._stream_events[stream] = metrics.total_events_per_stream.labels(
                 stream=f"stream.{self._stream_label(stream)}.events")
         child.inc()
         return state
