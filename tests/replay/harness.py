@@ -302,6 +302,16 @@ def consumer_lag_s(consumed: list[tuple[int, int]], baseline: int, sent: list[Se
     return max(lags, default=0) / 1000
 
 
+def consumed_within_ms(consumed: list[tuple[int, int]], baseline: int, sent: list[Sent]) -> int:
+    """An upper bound on how long after being sent any record was consumed: the records counted
+    between two samples were sent no earlier than the oldest one not yet consumed at the first, and
+    consumed by the second (by count, as :func:`consumer_lag_s`)."""
+    times = sorted(item.sent_ms for item in sent)
+    delays = [at - times[done - baseline] for (_, done), (at, after) in zip(consumed, consumed[1:], strict=False)
+              if 0 <= done - baseline < len(times) and after > done]
+    return max(delays, default=0)
+
+
 def most_sent_within(sent: list[Sent], window_s: float) -> int:
     """The most records sent in any window of ``window_s``: all that can be pending at once."""
     times = sorted(item.sent_ms for item in sent)

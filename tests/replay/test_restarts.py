@@ -33,6 +33,7 @@ from harness import (
     JoinedReader,
     Outcome,
     Sampler,
+    consumed_within_ms,
     counter_delta,
     counter_values,
     expected_counts,
@@ -161,37 +162,40 @@ def test_pending_entries_expire_on_time_after_restarts(kafka_bootstrap, tmp_path
             plan = plan_for(scenario, settings)
             records = list(to_pipeline(plan.records(), settings))
             prediction = predict(records, settings, speed=plan.speed)
-            outcome, recovered_at_ms, join = asyncio.run(
+            outcome, recovered_at_ms, stored_within_ms, join = asyncio.run(
                 _replay_kill_restart(join, settings, records, prediction, keep_store, tmp_path / f"logs-{phase}"))
-            print("\n" + outcome.line(f"{scenario.name} ({phase})"))
+            print("\n" + outcome.line(f"{scenario.name} ({phase})") + f" stored_within_ms={stored_within_ms}")
 
             assert outcome.counts == expected_counts(scenario, prediction)
             unmatched = {o.joined.frame.id for o in outcome.outputs if not o.joined.matched}
             assert unmatched == prediction.unmatched
             # Each pending frame leaves once its partner can no longer arrive (TTL after it was
             # sent, or once its side's results were sent past its event time + TTL), and no later
-            # than its deadline, or than the restarted worker having its partitions back.
+            # than its deadline (TTL after the worker stored it, which trails sending under load by
+            # up to the measured stored_within_ms), or than the restarted worker having its
+            # partitions back.
             ttl_ms, sweep_ms = settings.join_ttl_s * 1000, settings.sweep_interval_s * 1000
             for departure in unmatched_departures(outcome, settings.join_ttl_s):
                 assert departure.left_ms >= departure.earliest_ms, ("expired before its partner was due", departure)
-                due_ms = max(departure.sent_ms + ttl_ms, recovered_at_ms)
+                due_ms = max(departure.sent_ms + stored_within_ms + ttl_ms, recovered_at_ms)
                 assert departure.left_ms <= due_ms + sweep_ms + SLACK_S * 1000, ("expired late", departure)
     finally:
         join.stop()
 
 
 async def _replay_kill_restart(join: Worker, settings: Settings, records, prediction: Prediction,
-                               keep_store: bool, log_dir) -> tuple[Outcome, float, Worker]:
+                               keep_store: bool, log_dir) -> tuple[Outcome, float, int, Worker]:
     """Burst, wait until only the frames without results are pending and the input offsets are
     committed, SIGKILL, restart (without
     the local store unless ``keep_store``), and collect until every pending frame is out.
-    Returns the outcome, and when (ms since the Unix epoch) the new worker held the pending
-    entries again."""
+    Returns the outcome, when (ms since the Unix epoch) the new worker held the pending entries
+    again, and the most any record of the burst waited between being sent and being consumed."""
     sampler = Sampler(join)
     start = counter_values(await sampler.poll())
     reader = JoinedReader(settings)
     await reader.start()
     sent: list[Sent] = []
+    sampling = asyncio.create_task(sampler.run())
     try:
         await publish(records, settings, ReplayTarget({}, {}, by_key=True), speed=None,
                              on_sent=sent.append)
@@ -204,6 +208,8 @@ async def _replay_kill_restart(join: Worker, settings: Settings, records, predic
                     and stats["join_pending_entries"] == pending and await uncommitted_records(settings) == 0):
                 break  # committed, so the restarted worker sees none of it again
             await asyncio.sleep(0.2)
+        sampling.cancel()
+        stored_within_ms = consumed_within_ms(sampler.consumed, start["frames"] + start["results"], sent)
         before_kill = counter_delta(counter_values(stats), start)
         join.kill()
         if not keep_store:
@@ -224,6 +230,7 @@ async def _replay_kill_restart(join: Worker, settings: Settings, records, predic
         await reader.read(timeout_ms=500)
         after = counter_values(await restarted.poll())
     finally:
+        sampling.cancel()
         await reader.stop()
     outcome = Outcome(_sum(before_kill, after), sampler.max_entries, sampler.max_bytes, reader.outputs, sent)
-    return outcome, recovered_at_ms, join
+    return outcome, recovered_at_ms, stored_within_ms, join
