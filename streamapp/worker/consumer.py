@@ -21,6 +21,8 @@ from types import MappingProxyType
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from streamapp.worker.producer import StreamappProducer
+
 
 class StreamappConsumer(faust_aiokafka.Consumer):
     #: Where each input partition is read from in a generation (see :meth:`start_offset`).
@@ -48,3 +50,4 @@ class StreamappConsumer(faust_aiokafka.Consumer):
 
 class Transport(faust_aiokafka.Transport):
     Consumer = StreamappConsumer
+    Producer = StreamappProducer
