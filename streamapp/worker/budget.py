@@ -83,14 +83,25 @@ def _generation_of(item: Any) -> Any:
 class SendBufferBytes(asyncio.Queue):
     """Faust's producer send buffer, sized in bytes. Before each record Faust waits for this buffer
     to drain while its size is over ``ProducerBuffer.max_messages``: set to a byte limit, that
-    bounds the bytes of records waiting to be sent (changelog writes, sweep output)."""
+    bounds the bytes of records waiting to be sent (changelog writes, sweep output).
+
+    It also remembers the record Faust's sender took last, so that :meth:`unsent` can name every
+    record handed to the buffer and not yet acknowledged (streamapp.worker.producer)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bytes = 0
+        self.taken: asyncio.Future | None = None
 
     def qsize(self) -> int:
         return self.bytes
+
+    def unsent(self) -> list[asyncio.Future]:
+        """Records put here and not yet acknowledged by the broker, oldest first. Each is a
+        ``FutureMessage``, resolved on the broker's ack. The one taken last may still be on its
+        way into the Kafka producer, which takes records one at a time, in order."""
+        waiting = [self.taken, *self._queue]  # type: ignore[attr-defined]  # asyncio.Queue's deque
+        return [future for future in waiting if future is not None and not future.done()]
 
     def _put(self, item: Any) -> None:
         super()._put(item)
@@ -99,6 +110,7 @@ class SendBufferBytes(asyncio.Queue):
     def _get(self) -> Any:
         item = super()._get()
         self.bytes -= event_bytes(item)
+        self.taken = item
         return item
 
 

@@ -32,6 +32,8 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from streamapp.worker.producer import StreamappProducer
+
 # Records handed over directly between yields to the event loop (a direct hand-over never yields).
 _YIELD_EVERY = 10
 
@@ -117,3 +119,4 @@ class StreamappConsumer(faust_aiokafka.Consumer):
 
 class Transport(faust_aiokafka.Transport):
     Consumer = StreamappConsumer
+    Producer = StreamappProducer

@@ -71,7 +71,8 @@ class StreamApp(faust.App):
         await super().on_first_start()
 
     def _new_transport(self):
-        # Faust's Kafka transport, with a consumer that loses nothing in a rebalance (consumer.py).
+        # Faust's Kafka transport, with a consumer that loses nothing in a rebalance (consumer.py) and a
+        # producer whose flush before a commit waits for what was sent before it (producer.py).
         return consumer.Transport(self.conf.broker_consumer, self)
 
     def FlowControlQueue(self, maxsize: int | None = None, *, clear_on_resume: bool = False) -> ByteBoundedQueue:
