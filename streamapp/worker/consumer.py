@@ -1,4 +1,5 @@
-"""Faust's Kafka consumer, mended where a rebalance loses records it has fetched.
+"""Faust's Kafka consumer, mended where a rebalance loses records it has fetched, and where handing
+each record to the streams cost more than the join's own work on it.
 
 Mid-rebalance Faust drops the records its consumer has fetched but not yet handed to a stream
 (flow is suspended, or the generation changed), while the consumer's position is already past
