@@ -270,7 +270,7 @@ def register(stage: Stage) -> None:
                 if delivery is not None:
                     deliveries.append(delivery)
         await asyncio.gather(*deliveries)
-        await disk.written(transaction.commit)
+        await transaction.commit(disk.written)
 
     @app.agent(both_sides, name="join")
     async def join(stream):

@@ -10,6 +10,7 @@ payload: only its marker reaches RocksDB and the changelog.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from streamapp.tables.entry import Entry
@@ -26,11 +27,13 @@ class JoinTransaction:
     def partition(self, number: int) -> PartitionWrites:
         return PartitionWrites(self, number)
 
-    def commit(self) -> None:
-        for number, writes in self.held.items():
-            self.window.write(number, [(key, None if entry is None else entry.encode())
-                                       for key, entry in writes.items()])
-        self.held.clear()
+    async def commit(self, retry: Callable[[Callable[[], None]], Awaitable[None]]) -> None:
+        """Write each partition's changes (``retry`` waits out a full disk) and send their changelog records."""
+        while self.held:
+            number, writes = next(iter(self.held.items()))
+            await self.window.write(number, [(key, None if entry is None else entry.encode())
+                                             for key, entry in writes.items()], retry=retry)
+            del self.held[number]
 
 
 class PartitionWrites:

@@ -4,8 +4,8 @@ Faust's windowed tables expire from an in-memory heap that restarts empty, delet
 tombstones, and judge age by the wall clock at consumption. This window keeps each entry's times
 in the entry and in the store's on-disk index, and expires by the data (DESIGN R3): a pending side
 leaves once the other side of its partition has been read past its event time + TTL, or once that
-side is caught up and the TTL has passed since the entry was stored. It writes the changelog
-record of every change itself (R4).
+side is caught up and the TTL has passed since the entry was stored. It sends the changelog
+record of every change itself (R4), straight to the producer (streamapp.tables.changelog).
 
 One writer at a time: the join's batches and its sweeps both hold :attr:`JoinWindow.lock` from
 deciding to writing, so an entry can never be joined by one and expired by the other.
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import faust
 from faust.stores import STORES
 
+from streamapp.tables.changelog import ChangelogWriter
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.memory import RocksMemory
 from streamapp.tables.progress import ReadProgress
@@ -76,6 +78,7 @@ class JoinWindow:
             standby_buffer_size=recovery_buffer_size,
         )
         self.memory = memory
+        self.changelog = ChangelogWriter(self.table)
         self.lock = asyncio.Lock()
 
     @property
@@ -90,11 +93,16 @@ class JoinWindow:
     def transaction(self) -> JoinTransaction:
         return JoinTransaction(self)
 
-    def write(self, partition: int, changes: list[tuple[bytes, bytes | None]]) -> None:
-        """Store ``changes`` in one atomic batch and send their changelog records."""
-        self.store.write_many(partition, changes)
-        for key, value in changes:
-            self.table.send_changelog(partition, key, value)
+    async def write(self, partition: int, changes: list[tuple[bytes, bytes | None]], *,
+                    retry: Callable[[Callable[[], None]], Awaitable[None]] | None = None) -> None:
+        """Store ``changes`` in one atomic batch, through ``retry`` if given (it waits out a full
+        disk), then send their changelog records."""
+        store_them = functools.partial(self.store.write_many, partition, changes)
+        if retry is None:
+            store_them()
+        else:
+            await retry(store_them)
+        await self.changelog.send(partition, changes)
 
     async def expire(self, now_ms: int, ttl_ms: int, progress: ReadProgress, on_due: DueHandler) -> int:
         """Expire, in the partitions this worker owns, every entry whose partner can no longer
@@ -125,8 +133,9 @@ class JoinWindow:
                 await asyncio.gather(*(outcome.delivery for outcome in outcomes if outcome.delivery))
                 if not store.still_owns(number, partition):
                     break  # revoked while delivering: its new owner expires these entries
-                self.write(number, [(key, None if outcome.replacement is None else outcome.replacement.encode())
-                                    for (key, _), outcome in zip(batch, outcomes, strict=True)])
+                replacements = [(key, None if outcome.replacement is None else outcome.replacement.encode())
+                                for (key, _), outcome in zip(batch, outcomes, strict=True)]
+                await self.write(number, replacements)
                 expired += len(batch)
                 await asyncio.sleep(0)
         return expired
