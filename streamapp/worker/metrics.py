@@ -92,6 +92,7 @@ HELP: dict[str, str] = {
     "sink_dead_lettered_total": "Records the sink sent to the dead-letter topic.",
     "kafka_consumer_lag_records": "Records in a partition after the worker's last committed offset.",
     "kafka_consumer_assigned_partitions": "Partitions of a topic assigned to this worker.",
+    "kafka_consumer_deleted_unread_records_total": "Input records retention deleted before this worker read them.",
     "process_peak_resident_memory_bytes": "Highest resident memory of the worker so far.",
     "memory_budget_used_ratio": "Resident memory as a fraction of the memory budget.",
     "gc_collections_total": "Collections by Python's cyclic garbage collector, all generations.",
