@@ -82,6 +82,8 @@ HELP: dict[str, str] = {
     "sink_retention_deleted_files_total": "Oldest frame and video files the sink deleted to stay in its budget.",
     "sink_retention_deleted_bytes_total": "Bytes of the files the sink deleted to stay in its budget.",
     "sink_disk_full_pauses_total": "Times the sink paused because its disk was full.",
+    "sink_disk_full_deleted_files_total": "Oldest files the sink deleted because its disk filled before its budget.",
+    "sink_disk_full_deleted_bytes_total": "Bytes of the files the sink deleted as its disk filled before its budget.",
     "sink_disk_full_paused": "1 while the sink waits for disk space, else 0.",
     "preview_streams": "Streams whose latest annotated frame the preview holds.",
     "preview_bytes": "Bytes of the annotated frames the preview holds.",
