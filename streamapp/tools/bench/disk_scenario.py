@@ -16,6 +16,8 @@ from streamapp.topics import TopicError, disk_plan
 
 MIB = 1024**2
 COMPONENTS = ("broker", "join", "sink")
+# What each small disk is: a tmpfs, or an ext4 file system in a loop-mounted image file.
+FILESYSTEMS = ("tmpfs", "ext4")
 # Steady input before the stall and after the slow sink, at least this long in all.
 MIN_STEADY_S = 60.0
 # A component plateaued if the peak of its last quarter is at most PLATEAU_GROWTH above the peak
@@ -49,6 +51,7 @@ class DiskBenchOptions:
     out: Path = Path("docs/benchmarks/disk")
     work: Path = Path("out/bench-disk")     # mount points, worker logs
     drain_timeout_s: float = 600.0          # after the cameras stop, for the join and the sink to finish
+    filesystem: str = "tmpfs"               # one of FILESYSTEMS
 
     def settings(self, base: Settings) -> Settings:
         """The pipeline's settings for this run; a bad combination raises SettingsError."""
