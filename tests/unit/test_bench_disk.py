@@ -14,6 +14,7 @@ from streamapp.tools.bench.disk_scenario import (
     accounting,
     budgets,
     check_options,
+    deleted_unread_of,
     disk_verdict,
     filesystem_bytes,
     passed,
@@ -118,6 +119,17 @@ def test_every_frame_is_joined_unmatched_shed_or_dead_lettered():
     assert accounting(sent=100, matched=60, unmatched=30, shed=6, dead_lettered=4)["all_accounted"]
     missing = accounting(sent=100, matched=60, unmatched=30, shed=6, dead_lettered=0)
     assert missing["missing"] == 4 and not missing["all_accounted"]
+
+
+def test_frames_deleted_by_retention_before_the_join_read_them_are_accounted_for_as_such():
+    join = {'kafka_consumer_deleted_unread_records_total{topic="disk-1.frames",partition="0"}': 3,
+            'kafka_consumer_deleted_unread_records_total{topic="disk-1.frames",partition="1"}': 4,
+            'kafka_consumer_deleted_unread_records_total{topic="disk-1.detections",partition="0"}': 50,
+            "join_joined_total": 60}
+    deleted = deleted_unread_of(join, "disk-1.frames")
+    assert deleted == 7
+    frames = accounting(sent=100, matched=60, unmatched=33, shed=0, dead_lettered=0, deleted_unread=deleted)
+    assert frames["all_accounted"] and frames["deleted_unread"] == 7
 
 
 def test_a_run_passes_only_with_no_worker_dead_every_frame_accounted_and_every_disk_flat_below_budget():

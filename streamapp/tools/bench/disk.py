@@ -44,6 +44,7 @@ from streamapp.tools.bench.disk_scenario import (
     Phase,
     accounting,
     budgets,
+    deleted_unread_of,
     disk_verdict,
     filesystem_bytes,
     passed,
@@ -371,7 +372,8 @@ def run_disk_bench(options: DiskBenchOptions, settings: Settings) -> dict:
         load_before = os.getloadavg()
         observed = asyncio.run(DiskRun(options, settings, pipeline, broker, disks).run())
         observed.died |= pipeline.exited()
-    report = build_report(options, sizes, observed, {"before": load_before, "after": os.getloadavg()})
+    report = build_report(options, sizes, observed, {"before": load_before, "after": os.getloadavg()},
+                          topic_names(settings)["frames"])
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -393,11 +395,12 @@ REPORTED = {
              "disk_full_pauses_total", "join_input_pauses_total"),
     "sink": ("sink_records_in_total", "sink_frames_written_total", "sink_duplicates_total",
              "sink_dead_lettered_total", "sink_retention_deleted_files_total", "sink_retention_deleted_bytes_total",
-             "sink_disk_full_pauses_total", "budget_dropped_records_total"),
+             "sink_disk_full_pauses_total", "sink_disk_full_deleted_files_total", "budget_dropped_records_total"),
 }
 
 
-def build_report(options: DiskBenchOptions, sizes: dict[str, int], observed: Observed, load: dict) -> dict:
+def build_report(options: DiskBenchOptions, sizes: dict[str, int], observed: Observed, load: dict,
+                 frames_topic: str) -> dict:
     samples = observed.samples
     budget_of = budgets(options)
     verdict = disk_verdict(samples, budget_of)
@@ -408,7 +411,8 @@ def build_report(options: DiskBenchOptions, sizes: dict[str, int], observed: Obs
         matched=sum("joined" in outcome for outcome in outcomes.values()),
         unmatched=sum(outcome == {"unmatched"} for outcome in outcomes.values()),
         shed=int(join.get("budget_dropped_records_total", 0)),
-        dead_lettered=int(join.get("join_dead_lettered_total", 0)))
+        dead_lettered=int(join.get("join_dead_lettered_total", 0)),
+        deleted_unread=deleted_unread_of(join, frames_topic))
     died = sorted(observed.died)
     return {
         "passed": passed(verdict, frames, died),
