@@ -207,6 +207,7 @@ def test_an_ext4_small_disk_holds_its_size_refuses_more_and_leaves_nothing_behin
         [image] = images.iterdir()
         with open("/proc/mounts") as mounts:
             assert [line.split()[2] for line in mounts if line.split()[1] == str(disk)] == ["ext4"]
+        assert list(disk.iterdir()) == []  # no lost+found: a broker's log dir must hold only its partitions
         usage = shutil.disk_usage(disk)
         assert size <= usage.free < usage.total < ext4_image_bytes(size) == image.stat().st_size
         assert image.stat().st_blocks * 512 < size  # sparse: only what ext4 has written takes space

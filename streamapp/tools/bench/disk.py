@@ -124,6 +124,8 @@ class SmallDisks:
             raise DiskBenchError(f"cannot mount a {self.filesystem} of {size_bytes} bytes at {directory}: "
                                  f"{result.stderr.strip() or result.returncode}")
         self.mounted.append((directory, image))
+        if image is not None:  # Kafka refuses a log dir holding anything but topic partitions
+            (directory / "lost+found").rmdir()
         return directory
 
     def _make_ext4_image(self, directory: Path, size_bytes: int) -> Path:
