@@ -1,9 +1,11 @@
 """Input that the broker deletes before a worker reads it is counted, per partition, exactly: a
 worker whose committed offset lies below its partition's log start offset skips to the log start
-(the Kafka client does, silently), and says how many records it skipped. Records deleted after
-they were read count nothing."""
+(the Kafka client does, silently), and says how many records it skipped; so does a running worker
+that fell behind the log start. Records deleted after they were read count nothing."""
 
 import asyncio
+import os
+import signal
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -75,5 +77,18 @@ def test_records_deleted_before_a_worker_read_them_are_counted_exactly(kafka_boo
                                     60)) is not None
         asyncio.run(asyncio.sleep(2))  # past the next judgement of gaps
         assert stats()[counted] == LOG_START - COMMITTED
+
+        # A worker that falls behind while running: stopped (its fetch in flight answered empty
+        # meanwhile, within the session timeout), 20 records arrive and retention deletes 15 of them.
+        worker = pipeline.workers["resize"].process.pid
+        os.killpg(worker, signal.SIGSTOP)
+        try:
+            asyncio.run(asyncio.sleep(2))
+            asyncio.run(publish_frames(settings, "cam", 20, seed=3))
+            asyncio.run(_delete_before(settings, frames, PRODUCED + 5 + 15))
+        finally:
+            os.killpg(worker, signal.SIGCONT)
+        assert asyncio.run(wait_for(lambda: stats().get("resize_frames_in_total") == PRODUCED - LOG_START + 10
+                                    and stats()[counted] == LOG_START - COMMITTED + 15, 60)) is not None, stats()
     finally:
         pipeline.stop()
