@@ -32,10 +32,12 @@ import cv2
 import numpy as np
 
 from streamapp import wire
-from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of
+from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of, resume_bytes_for, usage_of
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp.outputs import SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir, video_segments
 from streamapp.previewframes import LatestFrames
+from streamapp.settings import Settings, SettingsError
+from streamapp.units import format_bytes
 from streamapp.wire import Box, FrameId, Joined
 
 if TYPE_CHECKING:
@@ -161,7 +163,10 @@ def _disk_bytes(path: Path) -> int:
 class StreamRetention:
     """The newest ``budget_bytes`` of each stream's files (frames and closed segments, as the
     blocks they take on disk) are kept; past it, the stream's oldest files are deleted, counted.
-    Files already on disk at start are taken in the order they were last written."""
+    Files already on disk at start are taken in the order they were last written.
+
+    A disk that fills up before the budgets do is met by :meth:`make_room`: the oldest files go
+    first there too, counted apart, so the sink keeps what its disk holds rather than stopping."""
 
     def __init__(self, out_dir: str | Path, budget_bytes: int) -> None:
         self.out_dir = Path(out_dir)
@@ -170,6 +175,8 @@ class StreamRetention:
         self._bytes: collections.Counter[str] = collections.Counter()
         self.deleted_files = 0
         self.deleted_bytes = 0
+        self.disk_full_deleted_files = 0
+        self.disk_full_deleted_bytes = 0
         self._adopt_existing()
 
     def add(self, stream: str, path: Path) -> None:
@@ -182,14 +189,37 @@ class StreamRetention:
     def kept_bytes(self) -> int:
         return sum(self._bytes.values())
 
+    @property
+    def deletable_bytes(self) -> int:
+        """What :meth:`make_room` can free: every stream's files but its newest."""
+        return sum(self._bytes[stream] - files[-1][1] for stream, files in self._files.items() if files)
+
+    def make_room(self, enough: Callable[[], bool]) -> int:
+        """Delete the oldest file of the stream that keeps the most bytes, again and again, until
+        ``enough()`` or every stream is down to its newest file; returns the bytes freed."""
+        freed = 0
+        while not enough():
+            streams = [stream for stream, files in self._files.items() if len(files) > 1]
+            if not streams:
+                break
+            size = self._delete_oldest(max(streams, key=self._bytes.__getitem__))
+            self.disk_full_deleted_files += 1
+            self.disk_full_deleted_bytes += size
+            freed += size
+        return freed
+
     def _enforce(self, stream: str) -> None:
         files = self._files[stream]
         while self._bytes[stream] > self.budget_bytes and len(files) > 1:
-            path, size = files.popleft()
-            path.unlink(missing_ok=True)
-            self._bytes[stream] -= size
+            size = self._delete_oldest(stream)
             self.deleted_files += 1
             self.deleted_bytes += size
+
+    def _delete_oldest(self, stream: str) -> int:
+        path, size = self._files[stream].popleft()
+        path.unlink(missing_ok=True)
+        self._bytes[stream] -= size
+        return size
 
     def _adopt_existing(self) -> None:
         if not self.out_dir.is_dir():
@@ -206,7 +236,9 @@ class StreamRetention:
         return {"sink_disk_budget_bytes": self.budget_bytes,
                 "sink_disk_bytes": self.kept_bytes,
                 "sink_retention_deleted_files_total": self.deleted_files,
-                "sink_retention_deleted_bytes_total": self.deleted_bytes}
+                "sink_retention_deleted_bytes_total": self.deleted_bytes,
+                "sink_disk_full_deleted_files_total": self.disk_full_deleted_files,
+                "sink_disk_full_deleted_bytes_total": self.disk_full_deleted_bytes}
 
 
 # --- videos ---------------------------------------------------------------------------------
@@ -334,6 +366,12 @@ class VideoAssembler:
         self._on_segment(path)
         return path
 
+    @property
+    def open_bytes(self) -> int:
+        """Disk blocks of the open segment (0 if none is open)."""
+        partial = self._partial_path()
+        return _disk_bytes(partial) if self._writer is not None and partial.exists() else 0
+
     def _path(self, index: int) -> Path:
         return self.frames_dir / f"{index:08d}.jpg"
 
@@ -419,6 +457,19 @@ class VideoAssemblers:
     def finish_all(self) -> list[Path]:
         return self._finish(list(self._active))
 
+    @property
+    def open_bytes(self) -> int:
+        return sum(assembler.open_bytes for assembler in self._active.values())
+
+    def close_open_segments(self) -> None:
+        """Close every open segment where it is, so that it can be deleted like any closed one;
+        a segment cut short by the full disk is deleted (its frames are written again later)."""
+        for assembler in self._active.values():
+            try:
+                assembler.close_segment()
+            except DiskFull:
+                pass
+
     def _finish(self, keys: Iterable[tuple[str, int]]) -> list[Path]:
         finished = []
         for key in keys:
@@ -484,7 +535,32 @@ def save_contact_sheet(path: str | Path, image_paths: Sequence[str | Path], colu
 VIDEO_STEP = 64
 # A video segment is closed after this long of frames (or an eighth of the stream's disk budget).
 SEGMENT_SECONDS = 60
+SEGMENT_SHARE = 8
 FPS = 15.0
+
+
+def sink_disk_needed(settings: Settings) -> int:
+    """The smallest disk a sink can work on: the free space it keeps (the reserve, at least
+    4 MiB), plus one video segment twice, as frame files and re-encoded in the video (about 1.3x
+    larger): 5/2 of the segment's JPEG bytes, an eighth of the budget."""
+    segment = settings.sink_disk_budget_bytes // SEGMENT_SHARE
+    return resume_bytes_for(settings.disk_reserve_bytes) + segment * 5 // 2
+
+
+def check_sink_disk(settings: Settings, disk_bytes: int) -> None:
+    """SettingsError unless a file system of ``disk_bytes`` holds :func:`sink_disk_needed`."""
+    needed = sink_disk_needed(settings)
+    if disk_bytes >= needed:
+        return
+    largest = (disk_bytes - resume_bytes_for(settings.disk_reserve_bytes)) * 2 // 5 * SEGMENT_SHARE
+    lower = (f"lower STREAMAPP_SINK_DISK_BUDGET to at most {largest // 1024**2}MiB, "
+             if largest >= 8 * settings.max_frame_bytes else "")
+    raise SettingsError(
+        f"STREAMAPP_OUT_DIR {settings.out_dir} is on a file system of {format_bytes(disk_bytes)}, but the sink needs "
+        f"at least {format_bytes(needed)}: STREAMAPP_DISK_RESERVE ({format_bytes(settings.disk_reserve_bytes)}, "
+        f"at least 4MiB) free, plus one video segment as frames and as video (an eighth of "
+        f"STREAMAPP_SINK_DISK_BUDGET={format_bytes(settings.sink_disk_budget_bytes)}, 5/2 times) — {lower}"
+        f"lower STREAMAPP_DISK_RESERVE, or give the sink a larger disk")
 
 
 def register(stage: Stage) -> None:
@@ -496,19 +572,43 @@ def register(stage: Stage) -> None:
     segment is closed.
     """
     settings = stage.settings
+    check_sink_disk(settings, usage_of(settings.out_dir).total)
     out_free = free_bytes_of(settings.out_dir)
-    space = SpacePause("the sink", out_free, resume_bytes=settings.disk_reserve_bytes)
+    space = SpacePause("the sink", out_free, resume_bytes=settings.disk_reserve_bytes,
+                       make_room=lambda: stage.offload(make_room))
+    room_warned = False
+
+    def make_room() -> None:
+        """On a full disk, close the open segments and delete the oldest files until the reserve
+        and a segment's worth are free, if the sink's own files can free that much; if something
+        else holds the disk, wait for it instead."""
+        nonlocal room_warned
+        short = space.resume_bytes - out_free()
+        if short <= 0 or retention.deletable_bytes + videos.open_bytes < short:
+            return
+        videos.close_open_segments()
+        target = space.resume_bytes + settings.sink_disk_budget_bytes // SEGMENT_SHARE
+        if retention.make_room(lambda: out_free() >= target) and not room_warned:
+            room_warned = True
+            log.warning("the sink's disk filled up before its budget (%s per stream): its oldest files are deleted "
+                        "to keep %s free, counted in sink_disk_full_deleted_files_total — give it streams x 5/4 x "
+                        "STREAMAPP_SINK_DISK_BUDGET plus STREAMAPP_DISK_RESERVE, or lower STREAMAPP_SINK_DISK_BUDGET",
+                        format_bytes(settings.sink_disk_budget_bytes), format_bytes(space.resume_bytes))
 
     def check_room() -> None:
+        """Before each frame file and each frame of video: DiskFull unless the reserve is free,
+        after making room if the sink's own files can."""
         if out_free() < settings.disk_reserve_bytes:
-            raise DiskFull(errno.ENOSPC, f"under {settings.disk_reserve_bytes} bytes free for video")
+            make_room()
+            if out_free() < settings.disk_reserve_bytes:
+                raise DiskFull(errno.ENOSPC, f"under {settings.disk_reserve_bytes} bytes free")
 
     retention = StreamRetention(settings.out_dir, settings.sink_disk_budget_bytes)
     files = FrameFileSink(settings.out_dir, quality=settings.jpeg_quality)
     videos = VideoAssemblers(settings.out_dir, fps=FPS,
                              gap_timeout_s=2 * (settings.join_ttl_s + settings.sweep_interval_s),
                              segment_frames=round(FPS * SEGMENT_SECONDS),
-                             segment_bytes=settings.sink_disk_budget_bytes // 8, check_room=check_room,
+                             segment_bytes=settings.sink_disk_budget_bytes // SEGMENT_SHARE, check_room=check_room,
                              on_segment=lambda path: retention.add(path.parent.parent.parent.name, path))
     stage.metrics.add_gauges(lambda: {"sink_frames_written_total": files.written,
                                       "sink_duplicates_total": files.duplicates,
@@ -519,6 +619,7 @@ def register(stage: Stage) -> None:
     stage.metrics.declare("sink_records_in_total")
 
     def write_frame(joined: Joined) -> bytes | None:
+        check_room()
         jpeg = files.write_annotated(joined)
         if jpeg is not None:
             retention.add(joined.frame.id.stream, files.path_for(joined.frame.id))

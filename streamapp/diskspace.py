@@ -33,6 +33,11 @@ _STALL_MESSAGE = "Write stall"
 MIN_RESUME_BYTES = 4 * 1024**2
 
 
+def resume_bytes_for(reserve_bytes: int) -> int:
+    """The free space a paused stage waits for: its reserve, and at least MIN_RESUME_BYTES."""
+    return max(reserve_bytes, MIN_RESUME_BYTES)
+
+
 class DiskFull(OSError):
     """A write failed because its file system is full; nothing it started was kept."""
 
@@ -47,25 +52,31 @@ def is_write_stall(exc: BaseException) -> bool:
     return _STALL_MESSAGE in str(exc)
 
 
+def usage_of(path: Path):
+    """``shutil.disk_usage`` of the file system holding ``path`` (its nearest existing ancestor)."""
+    existing = Path(path).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    return shutil.disk_usage(existing)
+
+
 def free_bytes_of(path: Path) -> Callable[[], int]:
-    """Free bytes of the file system holding ``path`` (its nearest existing ancestor)."""
-    def free() -> int:
-        existing = Path(path).absolute()
-        while not existing.exists():
-            existing = existing.parent
-        return shutil.disk_usage(existing).free
-    return free
+    """Free bytes of the file system holding ``path``, asked anew at each call."""
+    return lambda: usage_of(path).free
 
 
 class SpacePause:
     """The paused/running state of one stage's writes to one file system."""
 
     def __init__(self, what: str, free_bytes: Callable[[], int], *, resume_bytes: int,
-                 poll_s: float = 0.5) -> None:
+                 poll_s: float = 0.5, make_room: Callable[[], Awaitable[object]] | None = None) -> None:
         self.what = what
         self.free_bytes = free_bytes
-        self.resume_bytes = max(resume_bytes, MIN_RESUME_BYTES)
+        self.resume_bytes = resume_bytes_for(resume_bytes)
         self.poll_s = poll_s
+        # Asked while paused, before each look at the free space: a stage that can free space of
+        # its own (the sink, its oldest files) does so here.
+        self.make_room = make_room
         self.pauses = 0
         self._space = asyncio.Event()
         self._space.set()
@@ -91,9 +102,16 @@ class SpacePause:
                 log.warning("disk space is back (%s free); %s goes on", format_bytes(free), self.what)
         return self.paused
 
+    async def still_paused(self) -> bool:
+        """:meth:`check`, after letting the stage make room if it is paused."""
+        if self.check() and self.make_room is not None:
+            await self.make_room()
+            return self.check()
+        return self.paused
+
     async def wait(self) -> None:
         """Returns at once unless paused; then once space has come back."""
-        while self.check():
+        while await self.still_paused():
             try:
                 await asyncio.wait_for(self._space.wait(), self.poll_s)
             except TimeoutError:
@@ -111,7 +129,7 @@ class SpacePause:
 
     async def unless_full(self, work: Callable[[], Awaitable[object]]) -> None:
         """Run ``work`` (periodic upkeep) unless paused; one that meets a full disk pauses."""
-        if self.check():
+        if await self.still_paused():
             return
         try:
             await work()

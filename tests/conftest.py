@@ -49,16 +49,16 @@ def kafka_bootstrap(tmp_path_factory):
 
 @pytest.fixture
 def small_disks(tmp_path):
-    """``mount(name)``: a real 64 MiB file system (tmpfs) at ``tmp_path / name``; all unmounted
-    afterwards. Needs root."""
+    """``mount(name, size)``: a real file system (tmpfs) of ``size`` (64 MiB unless given, e.g.
+    ``"8m"``) at ``tmp_path / name``; all unmounted afterwards. Needs root."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a 64 MiB tmpfs needs root")
+        pytest.skip("mounting a small tmpfs needs root")
     mounted = []
 
-    def mount(name: str):
+    def mount(name: str, size: str = "64m"):
         mount_point = tmp_path / name
         mount_point.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], check=True)
         mounted.append(mount_point)
         return mount_point
 

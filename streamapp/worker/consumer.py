@@ -18,22 +18,29 @@ rebalance), the conductor's callback lock, a producer buffer over its limit, or 
 buffer. When none holds, the record is handed over directly; otherwise Faust's race runs as before.
 
 The consumer also says where each input partition is read from in a generation (its committed
-offset, as sought), which the join needs to tell "caught up" before it has read a partition.
+offset, as sought), which the join needs to tell "caught up" before it has read a partition, and
+counts the input that the broker's retention deleted before it was read (streamapp.worker.unread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import cast
 
+from aiokafka.errors import KafkaError
 from faust.transport.conductor import Conductor
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from mode import Service
 
 from streamapp.worker.producer import StreamappProducer
+from streamapp.worker.unread import UnreadGaps
+
+log = logging.getLogger(__name__)
 
 # Records handed over directly between yields to the event loop (a direct hand-over never yields).
 _YIELD_EVERY = 10
@@ -42,6 +49,10 @@ _YIELD_EVERY = 10
 class StreamappConsumer(faust_aiokafka.Consumer):
     #: Where each input partition is read from in a generation (see :meth:`start_offset`).
     read_from: Mapping[TP, tuple[int, int | None]] = MappingProxyType({})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.unread_gaps = UnreadGaps()
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
         committed = await super().seek_to_committed()
@@ -61,6 +72,35 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         as records are fetched, it says what is left to process before anything is."""
         generation, offset = self.read_from.get(tp, (None, None))
         return offset if generation == self.app.consumer_generation_id else None
+
+    async def perform_seek(self) -> None:
+        await super().perform_seek()
+        # Faust takes the committed offset (the next to read) for the last one read, so a record
+        # missing right there would leave no gap: the one before it is what was read last.
+        for tp, (_, offset) in self.read_from.items():
+            if offset:
+                self._read_offset[tp] = offset - 1
+
+    async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        self.unread_gaps.add(tp, offset_from, offset_to)
+        await super()._add_gap(tp, offset_from, offset_to)
+
+    @Service.timer(1.0)
+    async def _count_deleted_unread(self) -> None:
+        """Judge the gaps read since the last time against their partitions' log start offsets."""
+        waiting = self.unread_gaps.waiting
+        if not waiting:
+            return
+        try:
+            log_starts = await self.earliest_offsets(*waiting)
+        except KafkaError as exc:  # the gaps wait for the next second
+            log.debug("cannot read the log start offsets of %s: %r", waiting, exc)
+            return
+        for deleted in self.unread_gaps.judge(log_starts):
+            log.warning("%s", deleted.warning())
+
+    def deleted_unread_gauges(self) -> dict[str, float]:
+        return self.unread_gaps.as_metrics(self.read_from)
 
     def hand_over_may_wait(self, tp: TP) -> bool:
         """Whether handing a record of ``tp`` to its streams could suspend (see the module doc)."""

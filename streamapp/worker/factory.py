@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from typing import cast
 
 import faust
 from faust.tables import TableManager
@@ -149,6 +150,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     metrics.add_gauges(app.budget_gauges)
     metrics.add_gauges(lambda: memory_budget_gauges(settings.memory_budget_bytes))
     metrics.add_gauges(lambda: consumer_gauges(app))
+    metrics.add_gauges(lambda: cast(consumer.StreamappConsumer, app.consumer).deleted_unread_gauges())
     metrics.declare(*(f"{name}_dead_lettered_total" for name in settings.stages))
     names = topic_defs.topic_names(settings)
     app_topics = AppTopics(**{

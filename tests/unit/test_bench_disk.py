@@ -14,6 +14,7 @@ from streamapp.tools.bench.disk_scenario import (
     accounting,
     budgets,
     check_options,
+    deleted_unread_of,
     disk_verdict,
     filesystem_bytes,
     passed,
@@ -45,6 +46,7 @@ MIB = 1024**2
     (["--join-budget", "32MiB"], "STREAMAPP_DISK_BUDGET must be at least 64MiB"),
     (["--sink-budget", "4MiB"], "STREAMAPP_SINK_DISK_BUDGET must hold at least 8 frames"),
     (["--size", "8000x8000"], "too large for --max-frame-bytes"),
+    (["--fs", "xfs"], "--fs: expected one of tmpfs, ext4, got 'xfs'"),
 ])
 def test_bad_arguments_are_one_line_usage_errors(capsys, monkeypatch, argv, reason):
     monkeypatch.setattr("os.geteuid", lambda: 0)  # arguments are checked before anything else
@@ -119,6 +121,17 @@ def test_every_frame_is_joined_unmatched_shed_or_dead_lettered():
     assert missing["missing"] == 4 and not missing["all_accounted"]
 
 
+def test_frames_deleted_by_retention_before_the_join_read_them_are_accounted_for_as_such():
+    join = {'kafka_consumer_deleted_unread_records_total{topic="disk-1.frames",partition="0"}': 3,
+            'kafka_consumer_deleted_unread_records_total{topic="disk-1.frames",partition="1"}': 4,
+            'kafka_consumer_deleted_unread_records_total{topic="disk-1.detections",partition="0"}': 50,
+            "join_joined_total": 60}
+    deleted = deleted_unread_of(join, "disk-1.frames")
+    assert deleted == 7
+    frames = accounting(sent=100, matched=60, unmatched=33, shed=0, dead_lettered=0, deleted_unread=deleted)
+    assert frames["all_accounted"] and frames["deleted_unread"] == 7
+
+
 def test_a_run_passes_only_with_no_worker_dead_every_frame_accounted_and_every_disk_flat_below_budget():
     verdict = disk_verdict(_samples({"broker": RISING_THEN_FLAT, "join": [5] * 12, "sink": RISING_THEN_FLAT}),
                            {"broker": 100, "join": 100, "sink": 100})
@@ -175,6 +188,49 @@ def test_small_disks_are_real_file_systems_of_their_size_and_all_go_away(tmp_pat
     finally:
         disks.unmount_all()
     assert mounts_under(tmp_path) == [] and not (tmp_path / "b").exists()
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="loop-mounting an ext4 image needs root")
+def test_an_ext4_small_disk_holds_its_size_refuses_more_and_leaves_nothing_behind(tmp_path):
+    import errno
+    import os
+    import shutil
+    import subprocess
+
+    from streamapp.tools.bench.disk import SmallDisks, ext4_image_bytes, mounts_under
+
+    size = 24 * MIB
+    images = tmp_path / "images"
+    disks = SmallDisks("ext4", images)
+    try:
+        disk = disks.mount(tmp_path / "join", size)
+        [image] = images.iterdir()
+        with open("/proc/mounts") as mounts:
+            assert [line.split()[2] for line in mounts if line.split()[1] == str(disk)] == ["ext4"]
+        assert list(disk.iterdir()) == []  # no lost+found: a broker's log dir must hold only its partitions
+        usage = shutil.disk_usage(disk)
+        assert size <= usage.free < usage.total < ext4_image_bytes(size) == image.stat().st_size
+        assert image.stat().st_blocks * 512 < size  # sparse: only what ext4 has written takes space
+        with pytest.raises(OSError) as raised, open(disk / "filler", "wb") as filler:
+            for _ in range(2 * size // MIB):
+                filler.write(b"\1" * MIB)
+                filler.flush()
+                os.fsync(filler.fileno())
+        assert raised.value.errno == errno.ENOSPC
+        assert (disk / "filler").stat().st_size >= size  # the whole size was there to write
+    finally:
+        disks.unmount_all()
+    assert mounts_under(tmp_path) == [] and not images.exists() and not (tmp_path / "join").exists()
+    loops = subprocess.run(["losetup", "--list", "--noheadings", "--output", "BACK-FILE"], capture_output=True,
+                           text=True, check=True).stdout
+    assert str(image) not in loops  # the loop device went with the mount
+
+
+def test_an_unknown_file_system_is_a_one_line_error():
+    from streamapp.tools.bench.disk import DiskBenchError, SmallDisks
+
+    with pytest.raises(DiskBenchError, match="unknown file system 'xfs' — choose one of tmpfs, ext4"):
+        SmallDisks("xfs")
 
 
 def test_the_plateau_is_judged_while_the_cameras_play_not_over_the_drain():

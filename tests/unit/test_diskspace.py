@@ -76,3 +76,21 @@ def test_upkeep_is_skipped_while_paused_and_pauses_on_a_full_disk():
     free[0] = 64 * MIB
     asyncio.run(space.unless_full(lambda: asyncio.sleep(0)))
     assert not space.paused
+
+
+def test_a_paused_stage_that_can_make_room_itself_resumes_without_waiting_for_others():
+    free = [0]
+    asked = []
+
+    async def make_room():
+        asked.append(free[0])
+        free[0] = 16 * MIB  # e.g. the sink deleted its oldest files
+
+    space = SpacePause("the sink", lambda: free[0], resume_bytes=8 * MIB, poll_s=10, make_room=make_room)
+    space.pause("test")
+
+    async def scenario():
+        await asyncio.wait_for(space.wait(), 1)  # well before the next poll
+
+    asyncio.run(scenario())
+    assert asked == [0] and not space.paused and space.pauses == 1

@@ -115,6 +115,13 @@ def test_a_worker_with_a_bad_setting_exits_2_in_one_line(tmp_path, setting, phra
     assert proc.stdout == ""
 
 
+def test_a_sink_worker_whose_disk_cannot_hold_one_video_segment_exits_2_in_one_line(tmp_path):
+    proc = run_infer_worker(tmp_path, {"STREAMAPP_STAGES": "sink", "STREAMAPP_SINK_DISK_BUDGET": "100TiB",
+                                       "STREAMAPP_OUT_DIR": str(tmp_path / "out")})
+    assert_one_line_error(proc, ExitCode.USAGE, f"STREAMAPP_OUT_DIR {tmp_path / 'out'} is on a file system of",
+                          "STREAMAPP_SINK_DISK_BUDGET=102400.0GiB", "give the sink a larger disk")
+
+
 def test_an_infer_worker_without_its_model_files_exits_1_saying_how_to_fetch_them(tmp_path):
     proc = run_infer_worker(tmp_path, {"STREAMAPP_DETECTOR": "yolo", "STREAMAPP_ASSETS_HOME": str(tmp_path)})
     assert_one_line_error(proc, ExitCode.FAILURE, "detector 'yolo'", "run `streamapp model`")

@@ -13,14 +13,17 @@ from streamapp.agents.sink import (
     VideoAssembler,
     VideoAssemblers,
     annotate,
+    check_sink_disk,
     contact_sheet,
     label_colour,
     save_contact_sheet,
+    sink_disk_needed,
 )
 from streamapp.agents.source import SyntheticScene, to_frame
 from streamapp.diskspace import DiskFull
 from streamapp.imaging import CorruptFrame, decode_jpeg
 from streamapp.outputs import frame_path, video_segments
+from streamapp.settings import Settings, SettingsError
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 NOW_MS = 1_700_000_000_000
@@ -292,6 +295,69 @@ def test_retention_keeps_the_newest_bytes_of_each_stream_and_counts_what_it_dele
     # Within what is retained a repeat is a duplicate; a frame retention deleted is written again.
     assert not sink.write(Joined(_grey_frame(9, stream="a"), None))
     assert sink.write(Joined(_grey_frame(2, stream="a"), None))
+
+
+def test_making_room_deletes_the_oldest_files_of_the_largest_stream_first_and_keeps_each_newest(tmp_path):
+    sink = FrameFileSink(tmp_path)
+    for stream, count in (("a", 6), ("b", 3)):
+        for index in range(count):
+            sink.write(Joined(_grey_frame(index, stream=stream), None))
+    size = sink.path_for(FrameId("a", 1, 0)).stat().st_blocks * 512
+    retention = StreamRetention(tmp_path, budget_bytes=100 * size)
+    assert retention.deletable_bytes == 7 * size  # all but the newest of each stream
+
+    assert retention.make_room(lambda: retention.disk_full_deleted_files == 4) == 4 * size
+    # "a" kept the most bytes until it was down to as many files as "b".
+    assert not sink.path_for(FrameId("a", 1, 2)).exists() and sink.path_for(FrameId("a", 1, 3)).exists()
+    assert [sink.path_for(FrameId("b", 1, index)).exists() for index in range(3)] == [False, True, True]
+
+    assert retention.make_room(lambda: False) == 3 * size  # never enough: down to the newest of each
+    assert {path.name for path in tmp_path.glob("*/1/frames/*.jpg")} == {"00000005.jpg", "00000002.jpg"}
+    metrics = retention.as_metrics()
+    assert (metrics["sink_disk_full_deleted_files_total"], metrics["sink_disk_full_deleted_bytes_total"]) == \
+        (7, 7 * size)
+    assert metrics["sink_retention_deleted_files_total"] == 0  # the budget itself deleted nothing
+
+
+def test_closing_the_open_segments_makes_them_whole_files(tmp_path):
+    sink = FrameFileSink(tmp_path)
+    for index in range(5):
+        sink.write(Joined(_grey_frame(index), None))
+    closed = []
+    videos = VideoAssemblers(tmp_path, segment_frames=900, on_segment=closed.append)
+    videos.advance(FrameId("cam", 1, 0))
+    assert videos.open_bytes > 0 and not video_segments(tmp_path, "cam", 1)
+    videos.close_open_segments()
+    assert [path.name for path in closed] == ["00000000-00000004.avi"] == \
+        [path.name for path in video_segments(tmp_path, "cam", 1)]
+    assert videos.open_bytes == 0
+
+
+MIB = 1024**2
+
+
+def test_a_sink_disk_needs_the_reserve_and_one_segment_as_frames_and_video():
+    settings = Settings(sink_disk_budget_bytes=2048 * MIB, disk_reserve_bytes=64 * MIB)
+    assert sink_disk_needed(settings) == 64 * MIB + 256 * MIB * 5 // 2
+    check_sink_disk(settings, 704 * MIB)  # exactly enough
+    small_reserve = Settings(sink_disk_budget_bytes=128 * MIB, max_frame_bytes=1 * MIB, disk_reserve_bytes=1 * MIB)
+    assert sink_disk_needed(small_reserve) == 4 * MIB + 40 * MIB  # a paused sink waits for 4 MiB at least
+
+
+@pytest.mark.parametrize("disk, fix", [
+    (8 * MIB, "lower STREAMAPP_DISK_RESERVE, or give the sink a larger disk"),
+    (703 * MIB, "lower STREAMAPP_SINK_DISK_BUDGET to at most 2044MiB"),
+])
+def test_a_sink_disk_too_small_for_one_segment_is_a_one_line_settings_error(disk, fix):
+    settings = Settings(sink_disk_budget_bytes=2048 * MIB, disk_reserve_bytes=64 * MIB)
+    with pytest.raises(SettingsError) as raised:
+        check_sink_disk(settings, disk)
+    message = str(raised.value)
+    assert "\n" not in message and raised.value.exit_code == 2
+    assert "STREAMAPP_SINK_DISK_BUDGET=2.0GiB" in message and "STREAMAPP_DISK_RESERVE (64.0MiB" in message
+    assert "needs at least 704.0MiB" in message and fix in message
+    if disk == 8 * MIB:
+        assert "at most" not in message  # no budget that fits: the reserve alone is larger
 
 
 def test_contact_sheet(tmp_path):

@@ -1,9 +1,10 @@
 """``streamapp bench disk``: the whole pipeline with every disk it writes on a small real file system.
 
 A local broker and one worker per stage run as deployed, with the broker's log dir, the join's
-data dir and the sink's out dir each on its own tmpfs, sized from the budgets
-(:func:`~streamapp.bench.disk_scenario.filesystem_bytes`), mounted by the bench and unmounted at
-the end whatever happens (an error, Ctrl-C, SIGTERM). Synthetic cameras play at a steady rate
+data dir and the sink's out dir each on its own small file system, sized from the budgets
+(:func:`~streamapp.bench.disk_scenario.filesystem_bytes`): a tmpfs, or with ``--fs ext4`` an ext4
+file system in a sparse image file, loop-mounted. The bench mounts them and unmounts them (and
+deletes the images) at the end whatever happens (an error, Ctrl-C, SIGTERM). Synthetic cameras play at a steady rate
 (the chaos bench's source) while two faults come one after the other in the middle of the run:
 
 * inference stalls: the infer worker is stopped with SIGSTOP, and continued (SIGCONT) after
@@ -36,12 +37,14 @@ from streamapp.errors import ExitCode, StreamappError
 from streamapp.settings import STAGES, Settings
 from streamapp.tools.bench.disk_scenario import (
     COMPONENTS,
+    FILESYSTEMS,
     SLOW_SINK,
     STALL,
     DiskBenchOptions,
     Phase,
     accounting,
     budgets,
+    deleted_unread_of,
     disk_verdict,
     filesystem_bytes,
     passed,
@@ -59,8 +62,12 @@ from streamapp.topics import topic_names
 from streamapp.wire import new_epoch
 
 # What a run makes under --work: the broker's dir (its log dir a mount), the two other mount
-# points, the workers' logs and their data dirs.
-WORK_DIRS = ("broker", "join", "sink", "logs", ".data")
+# points, the ext4 images, the workers' logs and their data dirs.
+WORK_DIRS = ("broker", "join", "sink", "images", "logs", ".data")
+# ext4 keeps about 6 % of a small file system for its journal and inode tables (-m 0: no blocks
+# reserved for root): an image this much larger holds at least the bytes asked for, as a tmpfs does.
+EXT4_OVERHEAD_SHARE = 1 / 12
+EXT4_OVERHEAD_BYTES = 16 * 1024**2
 STATS_TIMEOUT_S = 0.5   # a sample does not wait for a busy worker
 FINAL_STATS_TIMEOUT_S = 10.0
 
@@ -76,38 +83,73 @@ class DiskBenchError(StreamappError, RuntimeError):
 
 def require_root() -> None:
     if os.geteuid() != 0:
-        raise NeedsRoot("`streamapp bench disk` mounts small file systems (tmpfs) and needs root",
+        raise NeedsRoot("`streamapp bench disk` mounts small file systems (tmpfs or ext4) and needs root",
                         "run it as root, e.g. with sudo")
 
 
 # --- small disks ------------------------------------------------------------------------------
 
 
-class SmallDisks:
-    """The tmpfs mounts of one run; :meth:`unmount_all` removes every one it made."""
+def ext4_image_bytes(size_bytes: int) -> int:
+    """The image for an ext4 file system with at least ``size_bytes`` free once made."""
+    return size_bytes + int(size_bytes * EXT4_OVERHEAD_SHARE) + EXT4_OVERHEAD_BYTES
 
-    def __init__(self) -> None:
-        self.mounted: list[Path] = []
+
+class SmallDisks:
+    """The small file systems of one run, each a tmpfs or (``filesystem="ext4"``) an ext4 file
+    system in a sparse image file under ``images``, loop-mounted; :meth:`unmount_all` removes
+    every one it made, images included."""
+
+    def __init__(self, filesystem: str = "tmpfs", images: Path | None = None) -> None:
+        if filesystem not in FILESYSTEMS:
+            raise DiskBenchError(f"unknown file system {filesystem!r}", f"choose one of {', '.join(FILESYSTEMS)}")
+        if filesystem == "ext4" and not shutil.which("mkfs.ext4"):
+            raise DiskBenchError("--fs ext4 needs mkfs.ext4, which is not installed",
+                                 "install e2fsprogs (`apt-get install e2fsprogs`) or use --fs tmpfs")
+        self.filesystem = filesystem
+        self.images = images or Path("images")
+        self.mounted: list[tuple[Path, Path | None]] = []
 
     def mount(self, directory: Path, size_bytes: int) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         if os.path.ismount(directory):
             raise DiskBenchError(f"{directory} is already a mount point", f"unmount it (`umount {directory}`)")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(directory)],
-                                capture_output=True, text=True)
+        image = None if self.filesystem == "tmpfs" else self._make_ext4_image(directory, size_bytes)
+        command = (["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(directory)] if image is None
+                   else ["mount", "-t", "ext4", "-o", "loop", str(image), str(directory)])
+        result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise DiskBenchError(f"cannot mount a tmpfs of {size_bytes} bytes at {directory}: "
-                             f"{result.stderr.strip() or result.returncode}")
-        self.mounted.append(directory)
+            if image is not None:
+                image.unlink(missing_ok=True)
+            raise DiskBenchError(f"cannot mount a {self.filesystem} of {size_bytes} bytes at {directory}: "
+                                 f"{result.stderr.strip() or result.returncode}")
+        self.mounted.append((directory, image))
+        if image is not None:  # Kafka refuses a log dir holding anything but topic partitions
+            (directory / "lost+found").rmdir()
         return directory
+
+    def _make_ext4_image(self, directory: Path, size_bytes: int) -> Path:
+        self.images.mkdir(parents=True, exist_ok=True)
+        image = self.images / f"{len(self.mounted)}-{directory.name}.ext4"
+        with open(image, "wb") as file:
+            file.truncate(ext4_image_bytes(size_bytes))  # sparse: blocks are taken as ext4 writes them
+        result = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], capture_output=True, text=True)
+        if result.returncode != 0:
+            image.unlink(missing_ok=True)
+            raise DiskBenchError(f"mkfs.ext4 failed on {image}: {result.stderr.strip() or result.returncode}")
+        return image
 
     def unmount_all(self) -> None:
         while self.mounted:
-            directory = self.mounted.pop()
+            directory, image = self.mounted.pop()
             if subprocess.run(["umount", str(directory)], capture_output=True).returncode != 0:
                 subprocess.run(["umount", "--lazy", str(directory)], check=False)
             with contextlib.suppress(OSError):
                 directory.rmdir()
+            if image is not None:  # its loop device went with the mount (mount -o loop sets autoclear)
+                image.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.images.rmdir()
 
 
 def mounts_under(directory: Path) -> list[str]:
@@ -311,7 +353,7 @@ def run_disk_bench(options: DiskBenchOptions, settings: Settings) -> dict:
     for name in WORK_DIRS:  # only what an earlier run left: --work may hold other things
         shutil.rmtree(work / name, ignore_errors=True)
     sizes = filesystem_bytes(options)
-    small_disks = SmallDisks()
+    small_disks = SmallDisks(options.filesystem, work / "images")
     broker = LocalBroker(work / "broker", free_port())
     with terminate_as_interrupt(), contextlib.ExitStack() as cleanup:  # each step undone, last first
         cleanup.callback(small_disks.unmount_all)
@@ -332,7 +374,8 @@ def run_disk_bench(options: DiskBenchOptions, settings: Settings) -> dict:
         load_before = os.getloadavg()
         observed = asyncio.run(DiskRun(options, settings, pipeline, broker, disks).run())
         observed.died |= pipeline.exited()
-    report = build_report(options, sizes, observed, {"before": load_before, "after": os.getloadavg()})
+    report = build_report(options, sizes, observed, {"before": load_before, "after": os.getloadavg()},
+                          topic_names(settings)["frames"])
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -354,11 +397,12 @@ REPORTED = {
              "disk_full_pauses_total", "join_input_pauses_total"),
     "sink": ("sink_records_in_total", "sink_frames_written_total", "sink_duplicates_total",
              "sink_dead_lettered_total", "sink_retention_deleted_files_total", "sink_retention_deleted_bytes_total",
-             "sink_disk_full_pauses_total", "budget_dropped_records_total"),
+             "sink_disk_full_pauses_total", "sink_disk_full_deleted_files_total", "budget_dropped_records_total"),
 }
 
 
-def build_report(options: DiskBenchOptions, sizes: dict[str, int], observed: Observed, load: dict) -> dict:
+def build_report(options: DiskBenchOptions, sizes: dict[str, int], observed: Observed, load: dict,
+                 frames_topic: str) -> dict:
     samples = observed.samples
     budget_of = budgets(options)
     verdict = disk_verdict(samples, budget_of)
@@ -369,7 +413,8 @@ def build_report(options: DiskBenchOptions, sizes: dict[str, int], observed: Obs
         matched=sum("joined" in outcome for outcome in outcomes.values()),
         unmatched=sum(outcome == {"unmatched"} for outcome in outcomes.values()),
         shed=int(join.get("budget_dropped_records_total", 0)),
-        dead_lettered=int(join.get("join_dead_lettered_total", 0)))
+        dead_lettered=int(join.get("join_dead_lettered_total", 0)),
+        deleted_unread=deleted_unread_of(join, frames_topic))
     died = sorted(observed.died)
     return {
         "passed": passed(verdict, frames, died),

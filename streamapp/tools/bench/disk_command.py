@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from streamapp.tools.arguments import count_arg, resolution_arg, size_arg, steady_fps_arg
-from streamapp.tools.bench.disk_scenario import DiskBenchOptions
+from streamapp.tools.bench.disk_scenario import FILESYSTEMS, DiskBenchOptions
 from streamapp.units import UnitError, parse_duration
 
 HELP = "the whole pipeline on small real file systems through an inference stall and a slow sink"
@@ -34,14 +34,21 @@ def share_arg(text: str) -> float:
     return share
 
 
+def filesystem_arg(text: str) -> str:
+    if text not in FILESYSTEMS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(FILESYSTEMS)}, got {text!r}")
+    return text
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     defaults = DiskBenchOptions()
     parser.description = (
-        "As root: mount a tmpfs for the broker's log dir, the join's data dir and the sink's out dir, each "
-        "sized from its budget; run a local broker and one worker per stage; play synthetic cameras while "
-        "inference is stopped (SIGSTOP) for --stall and then the sink is slowed (stopped --sink-stopped of "
-        "every 4 s) for --slow-sink, in the middle of --duration; sample every file system's used bytes and "
-        "every process's RSS once a second; unmount everything; write report.json and disk.png to --out. "
+        "As root: mount a small file system (--fs) for the broker's log dir, the join's data dir and the "
+        "sink's out dir, each sized from its budget; run a local broker and one worker per stage; play "
+        "synthetic cameras while inference is stopped (SIGSTOP) for --stall and then the sink is slowed "
+        "(stopped --sink-stopped of every 4 s) for --slow-sink, in the middle of --duration; sample every "
+        "file system's used bytes and every process's RSS once a second; unmount everything; write "
+        "report.json and disk.png to --out. "
         "Exits 1 unless no worker died, every disk plateaued below its budget and every frame is accounted for.")
     parser.add_argument("--duration", type=duration_arg, default=defaults.duration_s,
                         help="how long the cameras play, e.g. 20min or 3min (default 20min)")
@@ -72,6 +79,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="STREAMAPP_DISK_RESERVE, also added to each file system (default 64MiB)")
     parser.add_argument("--max-frame-bytes", type=size_arg, default=defaults.max_frame_bytes,
                         help="STREAMAPP_MAX_FRAME_BYTES (default 1MiB)")
+    parser.add_argument("--fs", type=filesystem_arg, default=defaults.filesystem,
+                        help="what each small disk is: tmpfs, or ext4 made in a sparse image file under --work and "
+                             "loop-mounted (needs mkfs.ext4); all removed afterwards (default tmpfs)")
     parser.add_argument("--out", type=Path, default=defaults.out,
                         help="report and chart (default docs/benchmarks/disk)")
     parser.add_argument("--work", type=Path, default=defaults.work,
@@ -85,7 +95,7 @@ def options_from(args: argparse.Namespace) -> DiskBenchOptions:
         stall_s=args.stall, slow_s=args.slow_sink, sink_stopped_share=args.sink_stopped,
         partitions=args.partitions, max_frame_bytes=args.max_frame_bytes, broker_budget_bytes=args.broker_budget,
         join_budget_bytes=args.join_budget, sink_budget_bytes=args.sink_budget, reserve_bytes=args.reserve,
-        drain_timeout_s=args.drain, out=args.out, work=args.work)
+        drain_timeout_s=args.drain, out=args.out, work=args.work, filesystem=args.fs)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,11 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from streamapp.errors import UsageError
+from streamapp.samples import family_of, parse_sample
 from streamapp.settings import Settings
 from streamapp.topics import TopicError, disk_plan
+from streamapp.worker.unread import METRIC as DELETED_UNREAD
 
 MIB = 1024**2
 COMPONENTS = ("broker", "join", "sink")
+# What each small disk is: a tmpfs, or an ext4 file system in a loop-mounted image file.
+FILESYSTEMS = ("tmpfs", "ext4")
 # Steady input before the stall and after the slow sink, at least this long in all.
 MIN_STEADY_S = 60.0
 # A component plateaued if the peak of its last quarter is at most PLATEAU_GROWTH above the peak
@@ -49,6 +53,7 @@ class DiskBenchOptions:
     out: Path = Path("docs/benchmarks/disk")
     work: Path = Path("out/bench-disk")     # mount points, worker logs
     drain_timeout_s: float = 600.0          # after the cameras stop, for the join and the sink to finish
+    filesystem: str = "tmpfs"               # one of FILESYSTEMS
 
     def settings(self, base: Settings) -> Settings:
         """The pipeline's settings for this run; a bad combination raises SettingsError."""
@@ -160,12 +165,20 @@ def disk_verdict(samples: Sequence[dict], budget_of: dict[str, int]) -> dict[str
     return verdict
 
 
-def accounting(sent: int, matched: int, unmatched: int, shed: int, dead_lettered: int) -> dict[str, int | bool]:
-    """Every frame sent left the join once, joined or unmatched, or was counted as shed or
-    dead-lettered on the way."""
-    missing = sent - matched - unmatched - shed - dead_lettered
+def accounting(sent: int, matched: int, unmatched: int, shed: int, dead_lettered: int,
+               deleted_unread: int = 0) -> dict[str, int | bool]:
+    """Every frame sent left the join once, joined or unmatched, or was counted as shed,
+    dead-lettered, or deleted by the broker's retention before the join read it."""
+    missing = sent - matched - unmatched - shed - dead_lettered - deleted_unread
     return {"frames_sent": sent, "joined": matched, "unmatched": unmatched, "shed": shed,
-            "dead_lettered": dead_lettered, "missing": missing, "all_accounted": missing == 0}
+            "dead_lettered": dead_lettered, "deleted_unread": deleted_unread, "missing": missing,
+            "all_accounted": missing == 0}
+
+
+def deleted_unread_of(stats: dict[str, float], topic: str) -> int:
+    """Records of ``topic`` that a worker counted as deleted by retention before it read them."""
+    return int(sum(value for sample, value in stats.items()
+                   if family_of(sample) == DELETED_UNREAD and parse_sample(sample)[1].get("topic") == topic))
 
 
 def passed(verdict: dict[str, dict], frames: dict, workers_died: Sequence[str]) -> bool:
