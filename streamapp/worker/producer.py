@@ -3,9 +3,11 @@
 Before committing offsets Faust flushes its producer, so that the changelog records and outputs
 of the events being committed are on the broker first. Its send buffer's flush waits until the
 buffer is empty, one record at a time, and gives up as soon as one record takes longer than
-0.1 s. Under load both go wrong: while the join keeps writing changelog records the buffer is
-never empty, and one commit was seen to take 389 s; and one slow send ends the flush early, so
-offsets can commit before the changelog records of their events are acknowledged.
+0.1 s. Under load both go wrong: while a stage keeps sending through it the buffer is never
+empty, so a commit can wait indefinitely (one took 389 s in a drain, most likely this); and one
+slow send ends the flush early, so offsets can commit before their events' outputs are
+acknowledged. (The join's changelog records bypass this buffer, streamapp.tables.changelog, and
+are covered by the Kafka producer's flush.)
 
 Here a flush waits for exactly the records handed to the send buffer before it was called, then
 for everything already in the Kafka producer, as Faust's does next.
