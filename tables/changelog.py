@@ -4,10 +4,10 @@ Faust's ``Table.send_changelog`` wraps each record in its message, buffer and ca
 and writes the offset marker to RocksDB from a callback per record: together more CPU than the
 join's decision on the record. Here a window write's records go to the producer as they are,
 in order, and one callback per write, on its last record, checks that they all arrived and
-writes the offset marker once. Records of one partition are delivered in order, so when the last is
-done all are. Faust still flushes this producer before it commits input offsets, so offsets
-never commit ahead of the changelog records of their events (R4). A record that cannot be
-delivered stops the worker: committing past it would lose state.
+writes the offset marker once (the Kafka producer completes one partition's records in order).
+Faust still flushes this producer before it commits input offsets, so offsets never commit
+ahead of the changelog records of their events (R4). A record that cannot be delivered stops
+the worker: committing past it would lose state.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 class ChangelogWriter:
     def __init__(self, table: TableT) -> None:
         self.table = table
-        self.sent = 0
 
     async def send(self, partition: int, changes: Sequence[tuple[bytes, bytes | None]]) -> None:
         """Send the changelog record of each change to ``partition``, in order."""
@@ -39,7 +38,6 @@ class ChangelogWriter:
         topic = self.table.changelog_topic.get_topic_name()
         deliveries = [cast(asyncio.Future, await sender.send(topic, key, value, partition, None, None))
                       for key, value in changes]
-        self.sent += len(deliveries)
         deliveries[-1].add_done_callback(functools.partial(self._delivered, deliveries))
 
     def _delivered(self, deliveries: list[asyncio.Future], last: asyncio.Future) -> None:
