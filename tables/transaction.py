@@ -29,11 +29,10 @@ class JoinTransaction:
 
     async def commit(self, retry: Callable[[Callable[[], None]], Awaitable[None]]) -> None:
         """Write each partition's changes (``retry`` waits out a full disk) and send their changelog records."""
-        while self.held:
-            number, writes = next(iter(self.held.items()))
-            await self.window.write(number, [(key, None if entry is None else entry.encode())
-                                             for key, entry in writes.items()], retry=retry)
-            del self.held[number]
+        for number in list(self.held):
+            changes = [(key, None if entry is None else entry.encode()) for key, entry in self.held[number].items()]
+            await self.window.write(number, changes, retry=retry)
+            del self.held[number]  # written: a retry of the commit does not send it again
 
 
 class PartitionWrites:
