@@ -1,0 +1,106 @@
+"""Batches taken from a Faust stream's buffer: bounded in records and bytes, acked only once the
+code consuming a batch is done with it, never when it raised, and skipping records fetched
+before a rebalance."""
+
+import asyncio
+
+import faust
+from faust.types import Message
+
+from streamapp.batches import take_batches
+
+VALUE = b"v" * 100
+
+
+def _app() -> faust.App:
+    # Never started: nothing connects to this broker. Flow is resumed as after an assignment.
+    app = faust.App("batches-test", broker="kafka://localhost:1", store="memory://")
+    app.flow_control.resume()
+    return app
+
+
+async def _put(app: faust.App, channel, count: int, *, generation: int | None = None) -> list:
+    events = []
+    for offset in range(count):
+        message = Message("in", 0, offset, 0.0, 0, [], b"k", VALUE, None,
+                          generation_id=app.consumer_generation_id if generation is None else generation)
+        message.incref()  # as the conductor does for the one channel it delivers to
+        event = app.create_event(b"k", VALUE, [], message)
+        events.append(event)
+        await channel.put(event)
+    return events
+
+
+def _batches(app: faust.App, channel, **limits):
+    options = {"max_bytes": 10**6, "max_events": 100, "linger_s": 0.001, "idle_s": 0.05, **limits}
+    return take_batches(app.stream(channel), **options)
+
+
+async def _subscribed(batches) -> asyncio.Future:
+    first = asyncio.ensure_future(batches.__anext__())
+    await asyncio.sleep(0.01)  # the generator subscribes to the channel, then waits for it
+    return first
+
+
+def test_batches_are_bounded_and_acked_when_the_next_is_asked_for():
+    async def scenario():
+        app = _app()
+        channel = app.channel()
+        batches = _batches(app, channel, max_events=3, max_bytes=10**6)
+        first = await _subscribed(batches)
+        events = await _put(app, channel, 5)
+        batch = await asyncio.wait_for(first, 2)
+        assert batch == events[:3]
+        assert not any(event.message.acked for event in events)
+        second = await asyncio.wait_for(batches.__anext__(), 2)
+        assert second == events[3:]
+        assert [event.message.acked for event in events] == [True, True, True, False, False]
+        await batches.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_closes_at_its_byte_limit():
+    async def scenario():
+        app = _app()
+        channel = app.channel()
+        record_bytes = len(b"k") + len(VALUE)
+        batches = _batches(app, channel, max_bytes=2 * record_bytes)
+        first = await _subscribed(batches)
+        events = await _put(app, channel, 3)
+        assert await asyncio.wait_for(first, 2) == events[:2]
+        await batches.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_that_raised_is_not_acked():
+    async def scenario():
+        app = _app()
+        channel = app.channel()
+        batches = _batches(app, channel)
+        first = await _subscribed(batches)
+        events = await _put(app, channel, 3)
+        assert await asyncio.wait_for(first, 2) == events
+        try:
+            await batches.athrow(RuntimeError("the join failed on this batch"))
+        except RuntimeError:
+            pass
+        assert not any(event.message.acked for event in events)
+
+    asyncio.run(scenario())
+
+
+def test_records_fetched_before_a_rebalance_are_skipped_and_acked():
+    async def scenario():
+        app = _app()
+        channel = app.channel()
+        batches = _batches(app, channel)
+        first = await _subscribed(batches)
+        stale = await _put(app, channel, 2, generation=app.consumer_generation_id + 1)
+        current = await _put(app, channel, 1)
+        assert await asyncio.wait_for(first, 2) == current
+        assert all(event.message.acked for event in stale)
+        await batches.aclose()
+
+    asyncio.run(scenario())
