@@ -130,7 +130,7 @@ class StreamappConsumer(faust_aiokafka.Consumer):
                     offset, last = message.offset, read_offset[tp]
                     if last is not None and offset < last:
                         continue  # read before a seek back; Faust drops these too
-                    if last and offset - last > 1 and acks_enabled_for(message.topic):
+                    if last is not None and offset - last > 1 and acks_enabled_for(message.topic):
                         await self._add_gap(tp, last + 1, offset)  # compacted, or transaction markers
                     if self._commit_every is not None and self._n_acked >= self._commit_every:
                         self._n_acked = 0
