@@ -82,8 +82,10 @@ def _generation_of(item: Any) -> Any:
 
 class SendBufferBytes(asyncio.Queue):
     """Faust's producer send buffer, sized in bytes. Before each record Faust waits for this buffer
-    to drain while its size is over ``ProducerBuffer.max_messages``: set to a byte limit, that
-    bounds the bytes of records waiting to be sent (changelog writes, sweep output).
+    to drain while its size (read in bytes by streamapp.worker.producer.ByteSendBuffer) is over
+    ``ProducerBuffer.max_messages``: set to a byte limit, that bounds the bytes of records waiting
+    to be sent through Faust's topics (dead letters, the sweep's unmatched frames; the join's
+    batch outputs and changelog records bypass it).
 
     It also remembers the record Faust's sender took last, so that :meth:`unsent` can name every
     record handed to the buffer and not yet acknowledged (streamapp.worker.producer)."""

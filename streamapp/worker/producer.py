@@ -11,6 +11,9 @@ are covered by the Kafka producer's flush.)
 
 Here a flush waits for exactly the records handed to the send buffer before it was called, then
 for everything already in the Kafka producer, as Faust's does next.
+
+The send buffer's size is also the bytes waiting in it: Faust counts its records, and compared
+that count with the byte limit the app sets (``max_messages``), so the limit never held.
 """
 
 from __future__ import annotations
@@ -18,11 +21,27 @@ from __future__ import annotations
 import asyncio
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.transport.producer import ProducerBuffer
 
 from streamapp.worker.budget import SendBufferBytes
 
 
+class ByteSendBuffer(ProducerBuffer):
+    """Faust's send buffer, its size in bytes once the app gives it a SendBufferBytes queue. Faust
+    waits before each record it hands to a stream while the size is over ``max_messages``."""
+
+    @property
+    def size(self) -> int:
+        return self.pending.qsize()
+
+
 class StreamappProducer(faust_aiokafka.Producer):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        buffer = ByteSendBuffer(loop=self.loop, beacon=self.beacon)
+        buffer.app = self.app
+        self.buffer = buffer
+
     async def flush(self) -> None:
         pending = self.buffer.pending
         if isinstance(pending, SendBufferBytes):  # the app sets it at its first start

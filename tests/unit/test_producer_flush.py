@@ -1,5 +1,5 @@
 """The producer's flush before a commit waits for the records sent before it, however busy the
-send buffer stays (streamapp.worker.producer)."""
+send buffer stays, and the send buffer's size is the bytes waiting in it (streamapp.worker.producer)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import types
 
 from streamapp.worker.budget import SendBufferBytes
-from streamapp.worker.producer import StreamappProducer
+from streamapp.worker.producer import ByteSendBuffer, StreamappProducer
 
 
 class Sent(asyncio.Future):
@@ -72,5 +72,18 @@ def test_flush_waits_for_a_slow_ack():
         asyncio.get_running_loop().call_later(0.3, slow.set_result, None)  # slower than Faust's 0.1 s
         await StreamappProducer.flush(_producer(buffer))
         assert slow.done()
+
+    asyncio.run(scenario())
+
+
+def test_the_send_buffer_size_is_its_bytes_against_the_byte_limit():
+    async def scenario():
+        buffer = ByteSendBuffer()
+        buffer.pending, buffer.max_messages = SendBufferBytes(), 250  # as the app sets them
+        for _ in range(2):
+            buffer.pending.put_nowait(Sent(100))
+        assert buffer.size == 200 and not buffer.size > buffer.max_messages
+        buffer.pending.put_nowait(Sent(100))
+        assert buffer.size == 300 and buffer.size > buffer.max_messages  # Faust now waits before a record
 
     asyncio.run(scenario())
