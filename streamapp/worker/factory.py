@@ -23,7 +23,7 @@ from streamapp.settings import Settings
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
 from streamapp.worker import consumer
-from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
+from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import (
     PROMETHEUS_CONTENT_TYPE,
@@ -67,7 +67,6 @@ class StreamApp(faust.App):
         created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
         if created:
             log.info("created topics: %s", ", ".join(created))
-        self.producer.buffer.pending = SendBufferBytes()
         self.producer.buffer.max_messages = self.memory_plan.send_buffer_bytes
         await super().on_first_start()
 

@@ -19,6 +19,7 @@ that count with the byte limit the app sets (``max_messages``), so the limit nev
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
@@ -27,8 +28,15 @@ from streamapp.worker.budget import SendBufferBytes
 
 
 class ByteSendBuffer(ProducerBuffer):
-    """Faust's send buffer, its size in bytes once the app gives it a SendBufferBytes queue. Faust
-    waits before each record it hands to a stream while the size is over ``max_messages``."""
+    """Faust's send buffer over a SendBufferBytes queue, its size in bytes. Faust waits before
+    each record it hands to a stream while the size is over ``max_messages`` (the app sets it to
+    the memory plan's byte limit)."""
+
+    pending: SendBufferBytes
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.pending = SendBufferBytes()
 
     @property
     def size(self) -> int:
@@ -43,13 +51,9 @@ class StreamappProducer(faust_aiokafka.Producer):
         self.buffer = buffer
 
     async def flush(self) -> None:
-        pending = self.buffer.pending
-        if isinstance(pending, SendBufferBytes):  # the app sets it at its first start
-            unsent = pending.unsent()
-            if unsent:
-                await asyncio.wait(unsent)
-        else:
-            await self.buffer.flush()
+        unsent = cast(ByteSendBuffer, self.buffer).pending.unsent()
+        if unsent:
+            await asyncio.wait(unsent)
         if self._producer is not None:
             await self._producer.flush()
         for transaction_producer in self._transaction_producers.values():
