@@ -282,8 +282,8 @@ def register(stage: Stage) -> None:
             await disk.wait_for_space()
             async with window.lock:
                 await join_batch(events)
-                if now_ms() - expired_at >= EXPIRE_AFTER_BATCH_MS:
-                    expired_at = now_ms()
+                if (now := now_ms()) - expired_at >= EXPIRE_AFTER_BATCH_MS:
+                    expired_at = now
                     await disk.unless_full(expire_and_step)
 
     @app.timer(settings.sweep_interval_s, name="join-sweep")
