@@ -31,23 +31,20 @@ async def _put(app: faust.App, channel, count: int, *, generation: int | None = 
     return events
 
 
-def _batches(app: faust.App, channel, **limits):
+async def _started(**limits):
+    """An app, its channel, batches taken from a stream of it, and the first batch to come."""
+    app = _app()
+    channel = app.channel()
     options = {"max_bytes": 10**6, "max_events": 100, "linger_s": 0.001, "idle_s": 0.05, **limits}
-    return take_batches(app.stream(channel), **options)
-
-
-async def _subscribed(batches) -> asyncio.Future:
+    batches = take_batches(app.stream(channel), **options)
     first = asyncio.ensure_future(batches.__anext__())
     await asyncio.sleep(0.01)  # the generator subscribes to the channel, then waits for it
-    return first
+    return app, channel, batches, first
 
 
 def test_batches_are_bounded_and_acked_when_the_next_is_asked_for():
     async def scenario():
-        app = _app()
-        channel = app.channel()
-        batches = _batches(app, channel, max_events=3, max_bytes=10**6)
-        first = await _subscribed(batches)
+        app, channel, batches, first = await _started(max_events=3, max_bytes=10**6)
         events = await _put(app, channel, 5)
         batch = await asyncio.wait_for(first, 2)
         assert batch == events[:3]
@@ -62,11 +59,8 @@ def test_batches_are_bounded_and_acked_when_the_next_is_asked_for():
 
 def test_a_batch_closes_at_its_byte_limit():
     async def scenario():
-        app = _app()
-        channel = app.channel()
         record_bytes = len(b"k") + len(VALUE)
-        batches = _batches(app, channel, max_bytes=2 * record_bytes)
-        first = await _subscribed(batches)
+        app, channel, batches, first = await _started(max_bytes=2 * record_bytes)
         events = await _put(app, channel, 3)
         assert await asyncio.wait_for(first, 2) == events[:2]
         await batches.aclose()
@@ -76,10 +70,7 @@ def test_a_batch_closes_at_its_byte_limit():
 
 def test_a_batch_that_raised_is_not_acked():
     async def scenario():
-        app = _app()
-        channel = app.channel()
-        batches = _batches(app, channel)
-        first = await _subscribed(batches)
+        app, channel, batches, first = await _started()
         events = await _put(app, channel, 3)
         assert await asyncio.wait_for(first, 2) == events
         try:
@@ -93,10 +84,7 @@ def test_a_batch_that_raised_is_not_acked():
 
 def test_records_fetched_before_a_rebalance_are_skipped_and_acked():
     async def scenario():
-        app = _app()
-        channel = app.channel()
-        batches = _batches(app, channel)
-        first = await _subscribed(batches)
+        app, channel, batches, first = await _started()
         stale = await _put(app, channel, 2, generation=app.consumer_generation_id + 1)
         current = await _put(app, channel, 1)
         assert await asyncio.wait_for(first, 2) == current
