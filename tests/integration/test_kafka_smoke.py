@@ -12,6 +12,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from streamapp import kafkaread
+
 pytestmark = pytest.mark.kafka
 
 MIB = 1024**2
@@ -46,6 +48,9 @@ async def topic_configs(bootstrap: str, topic: str) -> dict[str, tuple[str, int]
 
 
 def test_200_records_of_1mib_with_keys_and_headers_round_trip(kafka_bootstrap, unique_topic):
+    """Read as the worker reads: through WholeResponseReader, fetches of up to 32 MiB."""
+    kafkaread.install()
+
     async def scenario():
         await create_topic(kafka_bootstrap, NewTopic(unique_topic, 3, 1))
         sent = {}
@@ -80,6 +85,8 @@ def test_200_records_of_1mib_with_keys_and_headers_round_trip(kafka_bootstrap, u
                             assert len(record.value) == MIB
                             received[record.key] = (hashlib.sha256(record.value).hexdigest(),
                                                     list(record.headers))
+            readers = {type(connection._reader) for connection in consumer._client._conns.values()}
+            assert readers == {kafkaread.WholeResponseReader}
         finally:
             await consumer.stop()
         return sent, received

@@ -13,6 +13,7 @@ import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from streamapp import kafkaread
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes
 
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...", file=sys.stderr)
         return 2
     bootstrap, group, target, *sources = argv
+    kafkaread.install()  # as the worker reads: the limit is for these bytes, not for asyncio's buffer
     asyncio.run(copy(bootstrap, group, target, sources))
     return 0
 
