@@ -92,7 +92,10 @@ class Joiner:
         key = record.id.join_key()
         waiting = state.get(key)
         if waiting is None:
-            state.put(key, Entry(side, now_ms + self.ttl_ms, raw, event_ms))
+            # A waiting result keeps its parsed boxes for this batch; a frame would keep a second
+            # copy of its JPEG, outside the batch's byte bound.
+            decoded = record if isinstance(record, Detections) else None
+            state.put(key, Entry(side, now_ms + self.ttl_ms, raw, event_ms, decoded))
             return None
         if waiting.kind == OTHER_SIDE[side]:
             joined = _complete(record, waiting)
@@ -119,7 +122,8 @@ class Joiner:
 
 def _complete(arrived: Frame | Detections, waiting: Entry) -> Joined:
     if isinstance(arrived, Frame):
-        return Joined(arrived, wire.decode_detections(waiting.payload))
+        known = waiting.decoded
+        return Joined(arrived, known if isinstance(known, Detections) else wire.decode_detections(waiting.payload))
     return Joined(wire.decode_frame(waiting.payload), arrived)
 
 

@@ -40,6 +40,9 @@ class Entry:
     deadline_ms: int
     payload: bytes = b""
     event_ms: int = 0
+    # A result's payload already decoded, while the entry is held by the join batch that stored
+    # it: a pair completed in that batch does not parse the JSON twice. Never stored.
+    decoded: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def is_pending(self) -> bool:

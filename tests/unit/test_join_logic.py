@@ -50,6 +50,18 @@ def test_result_first_then_frame_joins():
     assert joined.matched and joined.frame.jpeg == JPEG
 
 
+def test_a_result_waiting_in_the_same_batch_is_not_parsed_again(monkeypatch):
+    state, join = DictState(), joiner()
+    box = wire.Box("red", 0.9, 1, 2, 3, 4)
+    join.arrive(state, *result(3, boxes=[box]), event_ms=0, now_ms=0)
+    stored = Entry.decode(state[b"cam:1:3"].encode())  # as a later batch reads it from the store
+    monkeypatch.setattr(wire, "decode_detections", lambda value: pytest.fail("parsed again"))
+    assert join.arrive(state, *frame(3), event_ms=0, now_ms=1).detections.boxes == (box,)
+    monkeypatch.undo()
+    state[b"cam:1:3"] = stored
+    assert join.arrive(state, *frame(3), event_ms=0, now_ms=1).detections.boxes == (box,)
+
+
 def test_duplicates_on_both_sides_are_counted_and_never_emitted():
     state, join = DictState(), joiner()
     join.arrive(state, *frame(1), event_ms=0, now_ms=0)
