@@ -1,6 +1,7 @@
 """The limit of ``streamapp bench join``: an aiokafka consumer→producer copy of the frame and
 result records into one topic, tuned as a user would (large fetches, 1 MiB batches, 5 ms linger,
-a whole fetched batch in flight before awaiting its acknowledgements).
+a whole fetched batch in flight before awaiting its acknowledgements), reading responses as the
+worker does (streamapp.kafkaread).
 
 Run as ``python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...``; it prints ``ready``
 once its partitions are assigned, and copies until it is terminated.
