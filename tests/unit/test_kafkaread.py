@@ -19,9 +19,10 @@ def framed(payload: bytes) -> bytes:
 
 
 async def read_response(reader: asyncio.StreamReader) -> bytes:
-    """As aiokafka reads one: the size, then exactly that many bytes."""
-    (size,) = struct.unpack(">i", await reader.readexactly(4))
-    return await reader.readexactly(size)
+    """As aiokafka reads one: the size, then exactly that many bytes (a lost byte fails, not hangs)."""
+    async with asyncio.timeout(30):
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        return await reader.readexactly(size)
 
 
 async def connected_reader(wire: bytes, *, piece: int, close: bool = True) -> WholeResponseReader:
