@@ -99,6 +99,7 @@ HELP: dict[str, str] = {
     "memory_budget_used_ratio": "Resident memory as a fraction of the memory budget.",
     "gc_collections_total": "Collections by Python's cyclic garbage collector, all generations.",
     "gc_seconds_total": "Time spent in Python's cyclic garbage collector.",
+    "gc_frozen_objects": "Objects the worker froze once started: full collections skip them.",
     "budget_budget_bytes": "The worker's memory budget (STREAMAPP_MEMORY_BUDGET).",
     "budget_rocksdb_bytes": "Share of the budget for RocksDB's block cache and memtables.",
     "budget_stream_buffer_bytes": "Byte limit of each agent's stream buffer.",
@@ -288,6 +289,7 @@ def process_gauges() -> dict[str, float]:
         "process_resident_memory_bytes": rss_bytes(),
         "process_peak_resident_memory_bytes": peak_rss_bytes(),
         "gc_collections_total": sum(generation["collections"] for generation in gc.get_stats()),
+        "gc_frozen_objects": gc.get_freeze_count(),
     }
 
 

@@ -184,6 +184,7 @@ def test_every_bad_record_costs_one_dead_letter_per_stage_and_work_goes_on(setti
         assert sum(source[:2] == ("sink", names["joined"]) for source in sources) == 2
         assert worker.process.poll() is None, "bad input must never stop the worker"
         stats = worker.stats()
+        assert stats["gc_frozen_objects"] > 10_000, "full collections must skip what the worker built to start"
         for stage in ("resize", "infer", "join", "sink"):
             assert stats[f"{stage}_dead_lettered_total"] == sum(source[0] == stage for source in sources)
     finally:
