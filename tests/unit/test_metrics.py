@@ -231,7 +231,8 @@ def test_metric_names_follow_prometheus_conventions(name):
     assert re.fullmatch(r"[a-z][a-z0-9_]*", name)
     if name.endswith("_total"):
         return
-    assert re.search(r"_(bytes|seconds|entries|records|ratio|streams|active|partition|partitions|paused|objects)$", name), name
+    units = "bytes|seconds|entries|records|objects|ratio|streams|active|partition|partitions|paused"
+    assert re.search(rf"_({units})$", name), name
 
 
 def test_peak_rss_reads_vmhwm_from_the_process_status():
