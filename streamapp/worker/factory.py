@@ -57,6 +57,8 @@ class StreamApp(faust.App):
     memory_plan: MemoryPlan
     dropped: OverloadCounts
     stream_buffers: list[ByteBoundedQueue]
+    # Counted once, when frozen: each count walks every frozen object (~10 ms a scrape, 2 % of a drain).
+    frozen_objects = 0
 
     async def on_first_start(self) -> None:
         settings = self.streamapp_settings
@@ -78,6 +80,7 @@ class StreamApp(faust.App):
         # seconds under load, becomes 1-2 ms, which is most of a live join's p99 latency budget.
         gc.collect()
         gc.freeze()
+        self.frozen_objects = gc.get_freeze_count()
 
     def _new_transport(self):
         # Faust's Kafka transport, with a consumer that loses nothing in a rebalance (consumer.py) and a
@@ -157,6 +160,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     metrics = Metrics()
     app.monitor = faust_monitor(metrics.registry)
     metrics.add_gauges(app.budget_gauges)
+    metrics.add_gauges(lambda: {"gc_frozen_objects": app.frozen_objects})
     metrics.add_gauges(lambda: memory_budget_gauges(settings.memory_budget_bytes))
     metrics.add_gauges(lambda: consumer_gauges(app))
     metrics.add_gauges(lambda: cast(consumer.StreamappConsumer, app.consumer).deleted_unread_gauges())

@@ -289,7 +289,6 @@ def process_gauges() -> dict[str, float]:
         "process_resident_memory_bytes": rss_bytes(),
         "process_peak_resident_memory_bytes": peak_rss_bytes(),
         "gc_collections_total": sum(generation["collections"] for generation in gc.get_stats()),
-        "gc_frozen_objects": gc.get_freeze_count(),
     }
 
 
