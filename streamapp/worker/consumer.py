@@ -17,6 +17,14 @@ hand-over can wait, and whether it can is known beforehand: it waits only for fl
 rebalance), the conductor's callback lock, a producer buffer over its limit, or a full stream
 buffer. When none holds, the record is handed over directly; otherwise Faust's race runs as before.
 
+Faust pauses a partition only in its own books: the fetcher underneath still fetches it, and the
+records fetched are never taken. That is harmless for inputs, which Faust resumes, but the join's
+own changelog partitions stay paused between recoveries while the join writes to them. The first
+write to one after a recovery was fetched and left in the fetcher, which then waits its prefetch
+backoff (100 ms) before fetching anything else on that broker: a 100 ms pause in every input, each
+time a camera's bucket moved to a partition. Changelog partitions are therefore paused and resumed
+in the fetcher too.
+
 The consumer also says where each input partition is read from in a generation (its committed
 offset, as sought), which the join needs to tell "caught up" before it has read a partition, and
 counts the input that the broker's retention deleted before it was read (streamapp.worker.unread).
@@ -26,11 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import cast
 
-from aiokafka.errors import KafkaError
+from aiokafka import TopicPartition
+from aiokafka.errors import IllegalStateError, KafkaError
 from faust.transport.conductor import Conductor
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -65,6 +74,44 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         generation = self.app.consumer_generation_id
         self.read_from = {tp: (generation, committed[tp] or first.get(tp)) for tp in inputs}
         return committed
+
+    def pause_partitions(self, tps: Iterable[TP]) -> None:
+        tps = set(tps)
+        super().pause_partitions(tps)
+        self._pause_changelogs_in_fetcher(tps, paused=True)
+
+    def resume_partitions(self, tps: Iterable[TP]) -> None:
+        tps = set(tps)
+        super().resume_partitions(tps)
+        self._pause_changelogs_in_fetcher(tps, paused=False)
+
+    def _pause_changelogs_in_fetcher(self, tps: set[TP], *, paused: bool) -> None:
+        """Pause (or resume) the changelog partitions among ``tps`` in the aiokafka consumer, on
+        its own thread's loop, where its fetcher runs; partitions no longer assigned by then are
+        left alone (a new assignment starts unpaused)."""
+        changelogs = [TopicPartition(tp.topic, tp.partition) for tp in tps if self._is_changelog_tp(tp)]
+        thread = cast(faust_aiokafka.AIOKafkaConsumerThread | None, self._thread)
+        if not changelogs or thread is None or thread._consumer is None:
+            return
+        kafka_consumer = thread._consumer
+
+        def apply() -> None:
+            assigned = kafka_consumer.assignment()
+            toggle = kafka_consumer.pause if paused else kafka_consumer.resume
+            toggle(*(tp for tp in changelogs if tp in assigned))
+
+        thread.thread_loop.call_soon_threadsafe(apply)
+
+    def fetch_paused(self) -> set[TP]:
+        """Partitions the fetcher is paused on; empty if the assignment changed while they were read
+        (they are read from the worker's loop, and the consumer's thread owns them)."""
+        thread = cast(faust_aiokafka.AIOKafkaConsumerThread | None, self._thread)
+        if thread is None or thread._consumer is None:
+            return set()
+        try:
+            return {TP(tp.topic, tp.partition) for tp in thread._consumer.paused()}
+        except (RuntimeError, IllegalStateError):
+            return set()
 
     def start_offset(self, tp: TP) -> int | None:
         """The offset this generation reads ``tp`` from: its committed offset, or its first one

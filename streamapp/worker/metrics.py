@@ -94,6 +94,7 @@ HELP: dict[str, str] = {
     "sink_dead_lettered_total": "Records the sink sent to the dead-letter topic.",
     "kafka_consumer_lag_records": "Records in a partition after the worker's last committed offset.",
     "kafka_consumer_assigned_partitions": "Partitions of a topic assigned to this worker.",
+    "kafka_consumer_fetch_paused_partitions": "Assigned partitions of a topic the fetcher does not fetch.",
     "kafka_consumer_deleted_unread_records_total": "Input records retention deleted before this worker read them.",
     "process_peak_resident_memory_bytes": "Highest resident memory of the worker so far.",
     "memory_budget_used_ratio": "Resident memory as a fraction of the memory budget.",
@@ -297,8 +298,8 @@ def memory_budget_gauges(budget_bytes: int) -> dict[str, float]:
 
 
 def consumer_gauges(app) -> dict[str, float]:
-    """Partitions assigned to this worker per topic, and the lag of each: log end offset minus
-    the offset this worker last committed.
+    """Partitions assigned to this worker per topic (and those its fetcher is paused on), and the
+    lag of each: log end offset minus the offset this worker last committed.
 
     Lag appears from a partition's first commit on (Faust's monitor records commits); the end
     offset is the high watermark of the consumer's latest fetch.
@@ -312,6 +313,8 @@ def consumer_gauges(app) -> dict[str, float]:
         return values
     for topic, count in sorted(Counter(tp.topic for tp in assigned).items()):
         values[sample_name("kafka_consumer_assigned_partitions", topic=topic)] = count
+    for topic, count in sorted(Counter(tp.topic for tp in consumer.fetch_paused()).items()):
+        values[sample_name("kafka_consumer_fetch_paused_partitions", topic=topic)] = count
     for tp in sorted(assigned):
         end, position = consumer.highwater(tp), committed.get(tp)
         if end is not None and position is not None:

@@ -4,7 +4,8 @@ On the real broker, a join worker: started on a backlog, it joins every pair, al
 result was published after all the frames; fed faster than it keeps up, it marks no frame
 unmatched that has a result; cameras with clocks two minutes apart share a partition without
 expiring each other's frames; and with a silent, caught-up inference side it still frees each
-frame within TTL + sweep + 1 s. Without a crash, no frame ever comes out twice.
+frame within TTL + sweep + 1 s. Without a crash, no frame ever comes out twice. And its own
+changelog, written but never read between recoveries, never holds up its inputs.
 """
 
 import asyncio
@@ -19,7 +20,7 @@ from streamapp.settings import Settings
 from streamapp.tools.harness import read_joined
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker, wait_until
-from streamapp.topics import ensure_topics
+from streamapp.topics import changelog_name, ensure_topics
 
 from publishing import pair_records, send_at, send_pairs
 
@@ -93,6 +94,21 @@ def test_input_faster_than_the_worker_leaves_no_frame_falsely_unmatched(join_set
     stats = drained(worker, BACKLOG_PAIRS)
     assert stats["join_unmatched_frames_total"] == 0, stats
     assert_each_frame_once(settings, pairs, outcome="joined")
+
+
+def test_the_fetcher_leaves_the_changelog_alone_between_recoveries(join_settings, workers):
+    """Fetched, a changelog partition's records would sit in the fetcher, never taken, and the
+    fetcher would hold back every input for its prefetch backoff (100 ms) each time a camera's
+    bucket moved to a partition the join had not written since its recovery."""
+    settings = join_settings(bucket_size=10)
+    worker = workers(settings)
+    pairs = pair_records("buckets", 20 * settings.partitions, start_ms=int(time.time() * 1000))
+    asyncio.run(send_pairs(settings, pairs))  # two buckets per partition
+    stats = drained(worker, len(pairs))
+    assert stats["join_joined_total"] == len(pairs), stats
+    paused = {name: value for name, value in stats.items() if name.startswith("kafka_consumer_fetch_paused")}
+    changelog = f'kafka_consumer_fetch_paused_partitions{{topic="{changelog_name(settings)}"}}'
+    assert paused == {changelog: settings.partitions}, "every changelog partition paused, and no input"
 
 
 def test_cameras_a_minute_either_way_share_a_partition_without_early_expiry(join_settings, workers):

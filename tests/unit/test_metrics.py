@@ -199,9 +199,10 @@ class _DictState:
 
 
 class _Consumer:
-    def __init__(self, highwaters: dict, started: bool = True) -> None:
+    def __init__(self, highwaters: dict, started: bool = True, paused: frozenset = frozenset()) -> None:
         self.highwaters = highwaters
         self.started = started
+        self.paused = paused
 
     def assignment(self):
         if not self.started:
@@ -211,6 +212,9 @@ class _Consumer:
     def highwater(self, tp):
         return self.highwaters[tp]
 
+    def fetch_paused(self):
+        return set(self.paused)
+
 
 class _App:
     def __init__(self, consumer: _Consumer, committed: dict) -> None:
@@ -219,9 +223,12 @@ class _App:
 
 
 def test_consumer_lag_is_end_offset_minus_committed_for_partitions_known_so_far():
-    frames0, frames1, frames2 = TP("frames", 0), TP("frames", 1), TP("frames", 2)
-    app = _App(_Consumer({frames0: 120, frames1: 50, frames2: None}), {frames0: 100, frames2: 3})
-    assert consumer_gauges(app) == {'kafka_consumer_assigned_partitions{topic="frames"}': 3,
+    frames0, frames1, frames2, changelog = TP("frames", 0), TP("frames", 1), TP("frames", 2), TP("changelog", 0)
+    app = _App(_Consumer({frames0: 120, frames1: 50, frames2: None, changelog: 9}, paused=frozenset({changelog})),
+               {frames0: 100, frames2: 3})
+    assert consumer_gauges(app) == {'kafka_consumer_assigned_partitions{topic="changelog"}': 1,
+                                    'kafka_consumer_assigned_partitions{topic="frames"}': 3,
+                                    'kafka_consumer_fetch_paused_partitions{topic="changelog"}': 1,
                                     'kafka_consumer_lag_records{topic="frames",partition="0"}': 20}
     assert consumer_gauges(_App(_Consumer({}, started=False), {})) == {}
 
