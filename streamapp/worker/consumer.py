@@ -25,6 +25,12 @@ backoff (100 ms) before fetching anything else on that broker: a 100 ms pause in
 time a camera's bucket moved to a partition. Changelog partitions are therefore paused and resumed
 in the fetcher too.
 
+The fetcher keeps one fetch in flight per broker, and leaves out of it the partitions whose fetched
+records wait to be taken. Faust lets the broker hold a fetch 1.5 s when it finds nothing new, so in
+a backlog a fetch of only the partitions already read to their end (the small detections are, in
+one fetch) held every other partition back that long: the drain ran at half speed or less. Here the
+broker holds a fetch at most FETCH_MAX_WAIT_MS; an idle worker sends a small fetch that often.
+
 The consumer also says where each input partition is read from in a generation (its committed
 offset, as sought), which the join needs to tell "caught up" before it has read a partition, and
 counts the input that the broker's retention deleted before it was read (streamapp.worker.unread).
@@ -55,6 +61,18 @@ log = logging.getLogger(__name__)
 _YIELD_EVERY = 10
 
 
+FETCH_MAX_WAIT_MS = 50
+
+
+class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread, with a fetch wait that does not hold back a backlog."""
+
+    def _create_consumer(self, loop: asyncio.AbstractEventLoop):
+        consumer = super()._create_consumer(loop)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # Faust passes 1500; start() hands it to the fetcher
+        return consumer
+
+
 class StreamappConsumer(faust_aiokafka.Consumer):
     #: Where each input partition is read from in a generation (see :meth:`start_offset`).
     read_from: Mapping[TP, tuple[int, int | None]] = MappingProxyType({})
@@ -62,6 +80,9 @@ class StreamappConsumer(faust_aiokafka.Consumer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.unread_gaps = UnreadGaps()
+
+    def _new_consumer_thread(self) -> ConsumerThread:
+        return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
         committed = await super().seek_to_committed()
