@@ -47,6 +47,7 @@ _BY_EVENT = b"E"
 _TIME = struct.Struct(">Q")
 _INDEX_VALUE = struct.Struct(">cI")
 _LAST_TIME = b"\xff" * _TIME.size
+_PAST_ALL = b"\xff"  # above every index key (they start with W or E)
 _NO_SLOWDOWN = rocksdict.WriteOptions()
 _NO_SLOWDOWN.no_slowdown = True
 
@@ -72,6 +73,33 @@ class PartitionStats:
             self.pending_bytes += sign * value_length
 
 
+class HeadFloors:
+    """Where to start reading a range of the expiry index rather than at its first possible key:
+    the first key read there the last time, lowered by any write below it.
+
+    Entries leave each range from its head (earliest deadline or event time first), and RocksDB
+    keeps each deleted key as a tombstone until a compaction drops it, so a read from the first
+    possible key steps over every entry deleted since: at every expiry, 5 % of a backlog drain.
+    A floor is never above a live key of its range, so a read from it finds the same keys and
+    steps over only what was deleted since the last read."""
+
+    def __init__(self) -> None:
+        self._floors: dict[bytes, bytes] = {}
+
+    def start(self, head: bytes) -> bytes:
+        return self._floors.get(head, head)
+
+    def found(self, head: bytes, first: bytes | None) -> None:
+        """``first``: the first key at or after :meth:`start` (past the range if it is empty),
+        None when there is none."""
+        self._floors[head] = _PAST_ALL if first is None else first
+
+    def written(self, head: bytes, key: bytes) -> None:
+        floor = self._floors.get(head)
+        if floor is not None and key < floor:
+            self._floors[head] = key
+
+
 # (kind, deadline, event time, length) of a stored value: all the index needs to find and count it.
 _Described = tuple[bytes, int, int, int]
 
@@ -83,6 +111,7 @@ class JoinPartition:
         self.db = db
         self._index = db.get_column_family(EXPIRY_FAMILY)
         self._index_handle = db.get_column_family_handle(EXPIRY_FAMILY)
+        self._floors = HeadFloors()
         self.stats = self._count()
 
     def get(self, key: bytes) -> bytes | None:
@@ -120,7 +149,7 @@ class JoinPartition:
         found: list[tuple[bytes, bytes]] = []
         for kind in kinds:
             prefix = _BY_DEADLINE + kind
-            for index_key in _raw_keys(self._index, prefix):
+            for index_key, _ in self._read(prefix):
                 if len(found) >= limit or not index_key.startswith(prefix):
                     break
                 (deadline,) = _TIME.unpack_from(index_key, len(prefix))
@@ -137,7 +166,8 @@ class JoinPartition:
         found: list[tuple[bytes, bytes]] = []
         head = _BY_EVENT + kind
         cursor = self._index.iter()
-        cursor.seek(head)
+        cursor.seek(self._floors.start(head))
+        self._floors.found(head, bytes(cursor.key()) if cursor.valid() else None)
         while cursor.valid() and len(found) < limit:
             index_key = cursor.key()
             if not index_key.startswith(head):
@@ -176,12 +206,21 @@ class JoinPartition:
 
     def _deadlines(self, kind: bytes, *, first_only: bool = False) -> Iterator[tuple[int, int]]:
         prefix = _BY_DEADLINE + kind
-        for index_key, value in _raw_items(self._index, prefix):
+        for index_key, value in self._read(prefix):
             if not index_key.startswith(prefix):
                 return
             yield _TIME.unpack_from(index_key, len(prefix))[0], _INDEX_VALUE.unpack(value)[1]
             if first_only:
                 return
+
+    def _read(self, head: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Index items in order from where ``head``'s range starts (its floor), on past its end."""
+        items = _raw_items(self._index, self._floors.start(head))
+        first = next(items, None)
+        self._floors.found(head, None if first is None else first[0])
+        if first is not None:
+            yield first
+            yield from items
 
     def _found(self, found: list, key: bytes) -> None:
         value = self.db.get(key)
@@ -202,10 +241,13 @@ class JoinPartition:
             return
         kind, deadline, event_ms = peek_times(new)
         batch.put(key, new)
-        batch.put(_BY_DEADLINE + kind + _TIME.pack(deadline) + key, _INDEX_VALUE.pack(kind, len(new)),
-                  self._index_handle)
+        by_deadline = _BY_DEADLINE + kind + _TIME.pack(deadline) + key
+        batch.put(by_deadline, _INDEX_VALUE.pack(kind, len(new)), self._index_handle)
+        self._floors.written(_BY_DEADLINE + kind, by_deadline)
         if kind in EntryKind.PENDING:
-            batch.put(_event_prefix(kind, run_of(key)) + _TIME.pack(event_ms) + key, b"", self._index_handle)
+            by_event = _event_prefix(kind, run_of(key)) + _TIME.pack(event_ms) + key
+            batch.put(by_event, b"", self._index_handle)
+            self._floors.written(_BY_EVENT + kind, by_event)
         counted.append((kind, len(new), +1))
 
     def _count(self) -> PartitionStats:
@@ -219,13 +261,9 @@ class JoinPartition:
         return stats
 
 
-def _raw_keys(family: rocksdict.Rdict, from_key: bytes) -> Iterator[bytes]:
+def _raw_items(family: rocksdict.Rdict, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
     # Opened in raw mode (RocksMemory.options), every key is bytes; rocksdict types keys as any
     # of the types its other modes store.
-    return cast(Iterator[bytes], family.keys(from_key=from_key))
-
-
-def _raw_items(family: rocksdict.Rdict, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
     return cast(Iterator[tuple[bytes, bytes]], family.items(from_key=from_key))
 
 

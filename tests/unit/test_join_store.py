@@ -59,6 +59,35 @@ def test_due_by_event_follows_each_camera_runs_own_progress(open_partition):
     assert partition.due_by_event(EntryKind.FRAME, {}.get, TTL_MS, limit=100) == []  # nothing read yet
 
 
+def test_reads_start_past_what_left_a_range_and_still_find_what_is_written_below(open_partition):
+    """Each index range is read from where its first key was the last time: what left its head is
+    not stepped over again, and an entry written below that point, or into an emptied range, is
+    still found."""
+    partition = open_partition()
+    names = [f"cam:1:{index}".encode() for index in range(10)]
+    for index, name in enumerate(names):
+        partition.write(name, entry(100 + index, event_ms=10 + index))
+    read_past = {b"cam:1": 100 + TTL_MS}.get
+
+    def due():
+        return (keys(partition.due_by_deadline([EntryKind.FRAME], now_ms=1_000, limit=100)),
+                keys(partition.due_by_event(EntryKind.FRAME, read_past, TTL_MS, limit=100)))
+
+    assert due() == (names, names)
+    for name in names[:5]:
+        partition.write(name, None)
+    assert due() == (names[5:], names[5:])
+    partition.write(b"cam:1:early", entry(50, event_ms=5))
+    assert due() == ([b"cam:1:early", *names[5:]], [b"cam:1:early", *names[5:]])
+    assert partition.oldest_deadline_ms() == 50
+    for name in [b"cam:1:early", *names[5:]]:
+        partition.write(name, None)
+    assert due() == ([], []) and partition.oldest_deadline_ms() is None
+    partition.write(b"cam:1:late", entry(900, event_ms=90))
+    assert due() == ([b"cam:1:late"], [b"cam:1:late"])
+    assert partition.oldest_deadline_ms() == 900
+
+
 def test_overwrite_moves_the_index_and_delete_removes_it(open_partition):
     partition = open_partition()
     partition.write(b"k", entry(100, event_ms=7))
