@@ -111,10 +111,9 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         its own thread's loop, where its fetcher runs; partitions no longer assigned by then are
         left alone (a new assignment starts unpaused)."""
         changelogs = [TopicPartition(tp.topic, tp.partition) for tp in tps if self._is_changelog_tp(tp)]
-        thread = cast(faust_aiokafka.AIOKafkaConsumerThread | None, self._thread)
-        if not changelogs or thread is None or thread._consumer is None:
+        thread, kafka_consumer = self._fetching()
+        if not changelogs or thread is None or kafka_consumer is None:
             return
-        kafka_consumer = thread._consumer
 
         def apply() -> None:
             assigned = kafka_consumer.assignment()
@@ -126,13 +125,18 @@ class StreamappConsumer(faust_aiokafka.Consumer):
     def fetch_paused(self) -> set[TP]:
         """Partitions the fetcher is paused on; empty if the assignment changed while they were read
         (they are read from the worker's loop, and the consumer's thread owns them)."""
-        thread = cast(faust_aiokafka.AIOKafkaConsumerThread | None, self._thread)
-        if thread is None or thread._consumer is None:
+        _, kafka_consumer = self._fetching()
+        if kafka_consumer is None:
             return set()
         try:
-            return {TP(tp.topic, tp.partition) for tp in thread._consumer.paused()}
+            return {TP(tp.topic, tp.partition) for tp in kafka_consumer.paused()}
         except (RuntimeError, IllegalStateError):
             return set()
+
+    def _fetching(self):
+        """The consumer's thread and the aiokafka consumer it runs (None until they are made)."""
+        thread = cast(ConsumerThread | None, self._thread)
+        return thread, None if thread is None else thread._consumer
 
     def start_offset(self, tp: TP) -> int | None:
         """The offset this generation reads ``tp`` from: its committed offset, or its first one
