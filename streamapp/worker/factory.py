@@ -33,6 +33,7 @@ from streamapp.worker.metrics import (
     faust_monitor,
     memory_budget_gauges,
 )
+from streamapp.worker.producer import KeyPartitioner
 from streamapp.worker.stage import AppTopics, Stage
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     records = buffer_records(settings)
     plan = MemoryPlan.for_settings(settings)
+    partitioner = KeyPartitioner()
     app = StreamApp(
         settings.group_id,
         broker=settings.broker,
@@ -142,6 +144,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         consumer_max_fetch_size=plan.fetch_bytes_per_partition,
         producer_max_request_size=topic_defs.max_record_bytes(settings),
         producer_max_batch_size=plan.producer_batch_bytes,
+        producer_partitioner=partitioner,
         stream_wait_empty=False,
         # A worker restarted within the session timeout rejoins as the same static member
         # (on_first_start) and gets its partitions back without a rebalance; one that stays
@@ -161,6 +164,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     app.monitor = faust_monitor(metrics.registry)
     metrics.add_gauges(app.budget_gauges)
     metrics.add_gauges(lambda: {"gc_frozen_objects": app.frozen_objects})
+    metrics.add_gauges(partitioner.as_metrics)
     metrics.add_gauges(lambda: memory_budget_gauges(settings.memory_budget_bytes))
     metrics.add_gauges(lambda: consumer_gauges(app))
     metrics.add_gauges(lambda: cast(consumer.StreamappConsumer, app.consumer).deleted_unread_gauges())

@@ -101,6 +101,8 @@ HELP: dict[str, str] = {
     "gc_collections_total": "Collections by Python's cyclic garbage collector, all generations.",
     "gc_seconds_total": "Time spent in Python's cyclic garbage collector.",
     "gc_frozen_objects": "Objects the worker froze once started: full collections skip them.",
+    "producer_key_hash_memo_bytes": "Bytes of keys whose partition hash the producer remembers.",
+    "producer_key_hash_memo_resets_total": "Times the producer's key hash memo was full and forgot every key.",
     "budget_budget_bytes": "The worker's memory budget (STREAMAPP_MEMORY_BUDGET).",
     "budget_rocksdb_bytes": "Share of the budget for RocksDB's block cache and memtables.",
     "budget_stream_buffer_bytes": "Byte limit of each agent's stream buffer.",
