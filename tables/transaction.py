@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
+from streamapp.tables.entry import Entry
 
 if TYPE_CHECKING:
     from streamapp.tables.window import JoinWindow
@@ -50,8 +50,4 @@ class PartitionWrites:
         return self.transaction.window.get(self.number, key)
 
     def put(self, key: bytes, entry: Entry | None) -> None:
-        held = self.transaction.held.setdefault(self.number, {})
-        waiting = held.get(key)
-        if entry is not None and entry.kind == EntryKind.JOINED and waiting is not None and waiting.kind in OTHER_SIDE:
-            self.transaction.window.pairs_completed_in_batch += 1
-        held[key] = entry
+        self.transaction.held.setdefault(self.number, {})[key] = entry
