@@ -252,7 +252,7 @@ def register(stage: Stage) -> None:
         return DueOutcome(replacement, delivery)
 
     async def expire_and_step() -> None:
-        await window.expire(now_ms(), joiner.ttl_ms, progress, on_due)
+        await window.expire(now_ms(), joiner.ttl_ms, progress, on_due, disk.written)
         in_step.adjust(number for number, _ in window.store.active_partitions())
 
     async def join_batch(events) -> None:

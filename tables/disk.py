@@ -59,7 +59,8 @@ class DiskGuard:
 
     async def unless_full(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work`` (a sweep) unless the disk is full; one that meets a full disk pauses the
-        join and leaves its entries as they were, for a sweep after space returns."""
+        join. Its writes after a delivery wait for space (:meth:`written`), so what it emitted is
+        never emitted again."""
         await self.space.unless_full(work)
 
     async def tend(self, window, on_due) -> None:
@@ -73,7 +74,7 @@ class DiskGuard:
         pending = sum(partition.stats.bytes for partition in partitions)
         cutoff = deadline_to_free(partitions, pending - int(EXPIRE_DOWN_TO * self.budget_bytes))
         if cutoff is not None:
-            expired = await window.shed(cutoff, on_due)
+            expired = await window.shed(cutoff, on_due, self.written)
             self.early_expired += expired
             log.warning("join window at %s on disk of a %s budget: expired the %d oldest entries early",
                         format_bytes(used), format_bytes(self.budget_bytes), expired)

@@ -10,13 +10,12 @@ payload: only its marker reaches RocksDB and the changelog.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from streamapp.tables.entry import Entry
 
 if TYPE_CHECKING:
-    from streamapp.tables.window import JoinWindow
+    from streamapp.tables.window import JoinWindow, WriteRetry
 
 
 class JoinTransaction:
@@ -27,11 +26,11 @@ class JoinTransaction:
     def partition(self, number: int) -> PartitionWrites:
         return PartitionWrites(self, number)
 
-    async def commit(self, retry: Callable[[Callable[[], None]], Awaitable[None]]) -> None:
-        """Write each partition's changes (``retry`` waits out a full disk) and send their changelog records."""
+    async def commit(self, retry: WriteRetry) -> None:
+        """Write each partition's changes (through ``retry``) and send their changelog records."""
         for number in list(self.held):
             changes = [(key, None if entry is None else entry.encode()) for key, entry in self.held[number].items()]
-            await self.window.write(number, changes, retry=retry)
+            await self.window.write(number, changes, retry)
             del self.held[number]  # written: a retry of the commit does not send it again
 
 

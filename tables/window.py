@@ -52,6 +52,9 @@ class DueOutcome:
 
 
 DueHandler = Callable[[bytes, Entry, int], Awaitable[DueOutcome]]
+# Runs a store write until the disk takes it (DiskGuard.written): a full disk, or RocksDB refusing
+# writes while its flushes catch up.
+WriteRetry = Callable[[Callable[[], None]], Awaitable[None]]
 
 
 class JoinWindow:
@@ -93,18 +96,13 @@ class JoinWindow:
     def transaction(self) -> JoinTransaction:
         return JoinTransaction(self)
 
-    async def write(self, partition: int, changes: list[tuple[bytes, bytes | None]], *,
-                    retry: Callable[[Callable[[], None]], Awaitable[None]] | None = None) -> None:
-        """Store ``changes`` in one atomic batch, through ``retry`` if given (it waits out a full
-        disk), then send their changelog records."""
-        store_them = functools.partial(self.store.write_many, partition, changes)
-        if retry is None:
-            store_them()
-        else:
-            await retry(store_them)
+    async def write(self, partition: int, changes: list[tuple[bytes, bytes | None]], retry: WriteRetry) -> None:
+        """Store ``changes`` in one atomic batch through ``retry``, then send their changelog records."""
+        await retry(functools.partial(self.store.write_many, partition, changes))
         await self.changelog.send(partition, changes)
 
-    async def expire(self, now_ms: int, ttl_ms: int, progress: ReadProgress, on_due: DueHandler) -> int:
+    async def expire(self, now_ms: int, ttl_ms: int, progress: ReadProgress, on_due: DueHandler,
+                     retry: WriteRetry) -> int:
         """Expire, in the partitions this worker owns, every entry whose partner can no longer
         arrive, and every marker past its deadline. Call it holding :attr:`lock`."""
 
@@ -115,16 +113,20 @@ class JoinWindow:
                 found += partition.due_by_event(kind, progress.side(side, number).read_past, ttl_ms, SWEEP_BATCH)
             return list(dict(found).items())  # an entry due by both rules leaves once
 
-        return await self._expire_each(due, on_due)
+        return await self._expire_each(due, on_due, retry)
 
-    async def shed(self, deadline_ms: int, on_due: DueHandler) -> int:
+    async def shed(self, deadline_ms: int, on_due: DueHandler, retry: WriteRetry) -> int:
         """Expire early every entry with a deadline at or before ``deadline_ms`` (disk budget)."""
         return await self._expire_each(
-            lambda number, partition: partition.due_by_deadline(EntryKind.ALL, deadline_ms, SWEEP_BATCH), on_due)
+            lambda number, partition: partition.due_by_deadline(EntryKind.ALL, deadline_ms, SWEEP_BATCH), on_due,
+            retry)
 
-    async def _expire_each(self, due: Callable[[int, Any], list[tuple[bytes, bytes]]], on_due: DueHandler) -> int:
+    async def _expire_each(self, due: Callable[[int, Any], list[tuple[bytes, bytes]]], on_due: DueHandler,
+                           retry: WriteRetry) -> int:
         """Entries change only once what they emitted is delivered: a worker killed in between
-        emits it again after restart instead of losing it (R12)."""
+        emits it again after restart instead of losing it (R12). Once delivered, the write is
+        retried until the disk takes it: an entry left as it was would be emitted again by the
+        next sweep, with no crash at all."""
         store = self.store
         expired = 0
         for number, partition in list(store.active_partitions()):
@@ -135,7 +137,7 @@ class JoinWindow:
                     break  # revoked while delivering: its new owner expires these entries
                 replacements = [(key, None if outcome.replacement is None else outcome.replacement.encode())
                                 for (key, _), outcome in zip(batch, outcomes, strict=True)]
-                await self.write(number, replacements)
+                await self.write(number, replacements, retry)
                 expired += len(batch)
                 await asyncio.sleep(0)
         return expired

@@ -32,7 +32,7 @@ class Window:
     def active_partitions(self):
         return enumerate(self.partitions)
 
-    async def shed(self, deadline_ms, on_due) -> int:
+    async def shed(self, deadline_ms, on_due, retry) -> int:
         expired = 0
         for partition in self.partitions:
             for key, _ in partition.due_by_deadline(EntryKind.ALL, deadline_ms, limit=10**6):
