@@ -40,12 +40,17 @@ class _BufferedEvents:
         self.sensor_states: list[Any] = []  # Faust's sensors' per-event state, for the same event out
         self.bytes = 0
 
-    async def wait(self, timeout_s: float) -> None:
-        """Wait at most ``timeout_s`` for the buffer to hold an event."""
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` for the buffer to hold an event; False once the agent has
+        been told to stop reading (Faust throws StopAsyncIteration into the channel)."""
         if self.queue.empty():
-            waited = await self.stream.wait(self.queue.get(), timeout=timeout_s)
+            try:
+                waited = await self.stream.wait(self.queue.get(), timeout=timeout_s)
+            except StopAsyncIteration:  # raised inside this generator it would become a RuntimeError
+                return False
             if not waited.stopped:
                 self._take(waited.result)
+        return True
 
     def fill(self, max_bytes: int, max_events: int) -> bool:
         """Move events waiting in the buffer into the batch; whether it is full."""
@@ -82,8 +87,7 @@ class _BufferedEvents:
 async def take_batches(stream: Stream, *, max_bytes: int, max_events: int, linger_s: float = 0.005,
                        idle_s: float = 1.0) -> AsyncIterator[list[EventT]]:
     events = _BufferedEvents(stream)
-    while not stream.should_stop:
-        await events.wait(idle_s)
+    while not stream.should_stop and await events.wait(idle_s):
         if not events.fill(max_bytes, max_events) and events.batch:
             await asyncio.sleep(linger_s)  # what arrives meanwhile joins this batch
             events.fill(max_bytes, max_events)

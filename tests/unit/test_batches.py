@@ -92,3 +92,17 @@ def test_records_fetched_before_a_rebalance_are_skipped_and_acked():
         await batches.aclose()
 
     asyncio.run(scenario())
+
+
+def test_batches_end_quietly_when_the_agent_is_told_to_stop():
+    async def scenario():
+        app, channel, batches, first = await _started()
+        for subscribed in channel._subscribers:  # what Faust's actor does as the worker stops
+            subscribed._throw(StopAsyncIteration())
+        try:
+            await asyncio.wait_for(first, 2)
+        except StopAsyncIteration:
+            return
+        raise AssertionError("a batch came out of an empty, stopped stream")
+
+    asyncio.run(scenario())
