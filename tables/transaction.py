@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamapp.tables.entry import Entry
+from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 
 if TYPE_CHECKING:
     from streamapp.tables.window import JoinWindow, WriteRetry
@@ -49,4 +49,8 @@ class PartitionWrites:
         return self.transaction.window.get(self.number, key)
 
     def put(self, key: bytes, entry: Entry | None) -> None:
-        self.transaction.held.setdefault(self.number, {})[key] = entry
+        held = self.transaction.held.setdefault(self.number, {})
+        waiting = held.get(key)
+        if entry is not None and entry.kind == EntryKind.JOINED and waiting is not None and waiting.kind in OTHER_SIDE:
+            self.transaction.window.pairs_completed_in_batch += 1
+        held[key] = entry

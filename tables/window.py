@@ -83,6 +83,8 @@ class JoinWindow:
         self.memory = memory
         self.changelog = ChangelogWriter(self.table)
         self.lock = asyncio.Lock()
+        # Pairs whose two sides met inside one batch: neither was written with its payload.
+        self.pairs_completed_in_batch = 0
 
     @property
     def store(self) -> JoinStore:
@@ -160,6 +162,7 @@ class JoinWindow:
             "join_oldest_pending_age_seconds":
                 0.0 if oldest_pending is None else max(0.0, (now_ms - oldest_pending + ttl_ms) / 1000),
             "join_next_expiry_seconds": 0.0 if next_due is None else max(0.0, (next_due - now_ms) / 1000),
+            "join_pairs_completed_in_batch_total": self.pairs_completed_in_batch,
             "rocksdb_disk_bytes": store.disk_bytes(),
             "rocksdb_memory_bytes": self.memory.usage_bytes(),
         }

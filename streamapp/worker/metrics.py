@@ -66,6 +66,7 @@ HELP: dict[str, str] = {
     "join_state_entries": "Entries in the join window (pending sides and done markers).",
     "join_state_bytes": "Bytes of the entries in the join window.",
     "join_pending_entries": "Frames and results waiting for their other side.",
+    "join_pairs_completed_in_batch_total": "Pairs whose two sides met in one batch: their payloads never stored.",
     "join_pending_bytes": "Bytes of the frames and results waiting for their other side.",
     "join_oldest_pending_age_seconds": "How long the oldest waiting frame or result has waited.",
     "join_next_expiry_seconds": "Time until the next entry of the join window is due.",

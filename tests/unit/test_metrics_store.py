@@ -83,14 +83,16 @@ def test_window_gauges_sum_owned_partitions_and_age_the_oldest_pending_entry(tmp
         put(first, b"frame", EntryKind.FRAME, 10_000, b"f" * 100)   # stored at 5 s with a 5 s TTL
         put(first, b"marker", EntryKind.JOINED, 8_000)
         put(second, b"result", EntryKind.RESULT, 12_000, b"r" * 10)
-        window = JoinWindow.__new__(JoinWindow)  # the gauges need only the store and the memory pool
+        window = JoinWindow.__new__(JoinWindow)  # the gauges need only the store, the memory pool and the counter
         window.table = SimpleNamespace(data=_Store([first, second]))
         window.memory = SimpleNamespace(usage_bytes=lambda: 2048)
+        window.pairs_completed_in_batch = 3
         assert window.gauges(now_ms=7_000, ttl_ms=5_000) == {
             "join_state_entries": 3,
             "join_state_bytes": 100 + 10 + 3 * HEADER_BYTES,
             "join_pending_entries": 2,
             "join_pending_bytes": 100 + 10 + 2 * HEADER_BYTES,
+            "join_pairs_completed_in_batch_total": 3,
             "join_oldest_pending_age_seconds": 2.0,
             "join_next_expiry_seconds": 1.0,
             "rocksdb_disk_bytes": 4096,

@@ -1,0 +1,51 @@
+"""A join batch's writes: a pair that completes inside the batch is counted and never stored with
+its payload. The window here is a dict: the transaction only reads and writes through it."""
+
+import asyncio
+
+from streamapp.tables.entry import Entry, EntryKind
+from streamapp.tables.transaction import JoinTransaction
+
+
+class DictWindow:
+    def __init__(self) -> None:
+        self.stored: dict[int, dict[bytes, bytes | None]] = {}
+        self.pairs_completed_in_batch = 0
+
+    def get(self, partition: int, key: bytes) -> Entry | None:
+        value = self.stored.get(partition, {}).get(key)
+        return None if value is None else Entry.decode(value)
+
+    async def write(self, partition: int, changes, *, retry=None) -> None:
+        self.stored.setdefault(partition, {}).update(changes)
+
+
+def commit(transaction: JoinTransaction) -> None:
+    async def no_retry(write):
+        write()
+    asyncio.run(transaction.commit(no_retry))
+
+
+def test_a_pair_met_inside_one_batch_is_counted_and_only_its_marker_is_stored():
+    window = DictWindow()
+    transaction = JoinTransaction(window)  # type: ignore[arg-type]
+    writes = transaction.partition(2)
+    writes.put(b"cam/1/7", Entry(EntryKind.FRAME, 5_000, b"jpeg" * 1000, 1_000))
+    writes.put(b"cam/1/7", Entry(EntryKind.JOINED, 60_000))
+    commit(transaction)
+    assert window.pairs_completed_in_batch == 1
+    assert window.get(2, b"cam/1/7").kind == EntryKind.JOINED
+    assert len(window.stored[2][b"cam/1/7"]) < 100
+
+
+def test_a_pair_whose_first_side_waited_in_an_earlier_batch_is_not_counted():
+    window = DictWindow()
+    first = JoinTransaction(window)  # type: ignore[arg-type]
+    first.partition(0).put(b"cam/1/8", Entry(EntryKind.RESULT, 5_000, b"{}", 1_000))
+    commit(first)
+    second = JoinTransaction(window)  # type: ignore[arg-type]
+    assert second.partition(0).get(b"cam/1/8").kind == EntryKind.RESULT
+    second.partition(0).put(b"cam/1/8", Entry(EntryKind.JOINED, 60_000))
+    second.partition(0).put(b"cam/1/9", Entry(EntryKind.JOINED, 60_000))
+    commit(second)
+    assert window.pairs_completed_in_batch == 0
