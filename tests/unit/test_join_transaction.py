@@ -16,7 +16,7 @@ class DictWindow:
         value = self.stored.get(partition, {}).get(key)
         return None if value is None else Entry.decode(value)
 
-    async def write(self, partition: int, changes, *, retry=None) -> None:
+    async def write(self, partition: int, changes, retry) -> None:
         self.stored.setdefault(partition, {}).update(changes)
 
 
