@@ -18,7 +18,6 @@ There are no per-key timers or objects: the window's on-disk index drives expiry
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import Iterable
@@ -257,7 +256,7 @@ def register(stage: Stage) -> None:
 
     async def join_batch(events) -> None:
         transaction = window.transaction()
-        deliveries = []
+        outbox = stage.outbox(topics.joined, stage="join")
         decided_at = now_ms()
         for event in events:
             message = event.message
@@ -272,11 +271,8 @@ def register(stage: Stage) -> None:
             joined = joiner.arrive(transaction.partition(message.partition), record, event.value,
                                    event_ms=event_ms, now_ms=decided_at)
             if joined is not None:
-                delivery = await stage.dead_letters.emit(
-                    event, stage="join", topic=topics.joined, key=event.key, value=wire.encode_joined(joined))
-                if delivery is not None:
-                    deliveries.append(delivery)
-        await asyncio.gather(*deliveries)
+                await outbox.add(event, event.key, wire.encode_joined(joined))
+        await outbox.delivered()
         await transaction.commit(disk.written)
 
     @app.agent(both_sides, name="join")
@@ -289,6 +285,12 @@ def register(stage: Stage) -> None:
                 if (now := now_ms()) - expired_at >= EXPIRE_AFTER_BATCH_MS:
                     expired_at = now
                     await disk.unless_full(expire_and_step)
+
+    # mode types handlers as VarArg/NamedArg callables, which mypy matches with no function.
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def stop_outputs(sender, **kwargs) -> None:
+        async with window.lock:  # a batch being decided finishes first
+            await stage.stop_outputs()
 
     @app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():

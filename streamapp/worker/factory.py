@@ -33,6 +33,7 @@ from streamapp.worker.metrics import (
     faust_monitor,
     memory_budget_gauges,
 )
+from streamapp.worker.outputs import OutputThread
 from streamapp.worker.producer import KeyPartitioner
 from streamapp.worker.stage import AppTopics, Stage
 
@@ -174,6 +175,8 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         role: app.topic(name, key_serializer="raw", value_serializer="raw", partitions=None)
         for role, name in names.items()
     })
+    # Under exactly-once outputs join Faust's transaction, so they stay on its producer.
+    exactly_once = settings.processing_guarantee == "exactly_once"
     stage = Stage(
         app=app,
         settings=settings,
@@ -183,6 +186,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         rocks_memory=shared_rocks_memory(plan.rocksdb_bytes),
         buffer_records=records,
         batch_bytes=plan.batch_bytes,
+        output_thread=None if exactly_once else OutputThread(app.producer, name="outputs"),
     )
     for name in settings.stages:
         importlib.import_module(f"streamapp.agents.{name}").register(stage)

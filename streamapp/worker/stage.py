@@ -20,6 +20,7 @@ from streamapp.tables.memory import RocksMemory
 from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import Metrics
+from streamapp.worker.outputs import Outbox, OutputThread
 
 T = TypeVar("T")
 
@@ -45,6 +46,8 @@ class Stage:
     rocks_memory: RocksMemory
     buffer_records: int
     batch_bytes: int
+    # None under exactly-once, where outputs join Faust's transaction (streamapp.worker.outputs).
+    output_thread: OutputThread | None
     # One thread for pixel work: decoded images exist one at a time (R7) and the event loop
     # stays free to heartbeat while a frame is decoded, detected or drawn.
     pixels: ThreadPoolExecutor = dataclasses.field(
@@ -52,6 +55,14 @@ class Stage:
 
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
+
+    def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
+        """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""
+        return Outbox(topic, self.dead_letters, stage, self.output_thread)
+
+    async def stop_outputs(self) -> None:
+        if self.output_thread is not None:
+            await self.output_thread.stop()
 
     def serve_preview(self, frames: LatestFrames) -> None:
         """Serve the preview pages of ``frames`` from this worker's web port."""

@@ -1,0 +1,55 @@
+"""The join's output thread on the real broker: records arrive in order, an oversized one is
+refused by position without holding back the others, and a stopped thread refuses new work."""
+
+import asyncio
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from streamapp.settings import Settings
+from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.worker.factory import create_app
+from streamapp.worker.outputs import OutputThread
+
+
+@pytest.fixture
+def settings(kafka_bootstrap, tmp_path, unique_topic):
+    return Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"{unique_topic}.", partitions=1,
+                    max_frame_bytes=64 * 1024, data_dir=tmp_path / "data", out_dir=tmp_path / "out")
+
+
+async def _read(settings: Settings, topic: str, count: int) -> list[tuple[bytes, bytes]]:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        records = []
+        while len(records) < count:
+            batches = await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 30)
+            records += [(record.key, record.value) for batch in batches.values() for record in batch]
+        return records
+    finally:
+        await consumer.stop()
+
+
+def test_refuses_an_oversized_record_by_position_and_sends_the_rest_in_order(settings):
+    async def scenario():
+        await ensure_topics(settings)
+        joined = topic_names(settings)["joined"]
+        app = create_app(settings)
+        thread = OutputThread(app.producer, name="test-outputs")
+        oversized = b"x" * (max_record_bytes(settings) + 1024)
+        records = [(b"a", b"first"), (b"b", oversized), (b"c", b"third")]
+        # Handed over together before the producer has started: one producer, in order.
+        first = thread.submit(joined, records)
+        second = thread.submit(joined, [(b"d", b"fourth")])
+        refused = await first
+        assert refused[0] is None and refused[2] is None
+        assert "MessageSizeTooLarge" in refused[1]
+        assert await second == [None]
+        assert await _read(settings, joined, 3) == [(b"a", b"first"), (b"c", b"third"), (b"d", b"fourth")]
+        await thread.stop()
+        assert not thread.thread.is_alive()
+        with pytest.raises(RuntimeError, match="shutting down"):
+            thread.submit(joined, records)
+
+    asyncio.run(scenario())
