@@ -3,12 +3,12 @@ refused by position without holding back the others, and a stopped thread refuse
 
 import asyncio
 
+import faust
 import pytest
 from aiokafka import AIOKafkaConsumer
 
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
-from streamapp.worker.factory import create_app
 from streamapp.worker.outputs import OutputThread
 
 
@@ -35,7 +35,8 @@ def test_refuses_an_oversized_record_by_position_and_sends_the_rest_in_order(set
     async def scenario():
         await ensure_topics(settings)
         joined = topic_names(settings)["joined"]
-        app = create_app(settings)
+        # A bare Faust app: the worker's would also size this process's RocksDB pool.
+        app = faust.App("test-outputs", broker=settings.broker, producer_max_request_size=max_record_bytes(settings))
         thread = OutputThread(app.producer, name="test-outputs")
         oversized = b"x" * (max_record_bytes(settings) + 1024)
         records = [(b"a", b"first"), (b"b", oversized), (b"c", b"third")]
