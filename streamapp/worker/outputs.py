@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from typing import cast
+from typing import Protocol, cast
 
 import faust
 from aiokafka import AIOKafkaProducer
@@ -87,40 +87,71 @@ class OutputThread:
         await asyncio.to_thread(self.thread.join)
 
 
-class Outbox:
+class Outbox(Protocol):
     """One batch's outputs to one topic, each the output of one input event. An event whose
     output the producer refuses (too large) is dead-lettered instead, as one record (R11)."""
 
-    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str,
-                 thread: OutputThread | None) -> None:
+    async def add(self, event: EventT, key: bytes, value: bytes) -> None: ...
+
+    def hand_over(self) -> None:
+        """Start sending what was added so far."""
+
+    def acked(self) -> asyncio.Future:
+        """Done once every output handed over is acknowledged (or refused)."""
+
+    async def delivered(self) -> None:
+        """Wait until every output is acknowledged; dead-letter the events of refused ones."""
+
+
+class ThreadOutbox:
+    """An Outbox sent from the output thread, in chunks handed over as they fill."""
+
+    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str, thread: OutputThread) -> None:
         self.topic, self.dead_letters, self.stage, self.thread = topic, dead_letters, stage, thread
         self.chunk: list[tuple[EventT, bytes, bytes]] = []
         self.sent: list[tuple[list[EventT], asyncio.Future]] = []
-        self.deliveries: list = []  # through Faust's producer (no thread)
 
     async def add(self, event: EventT, key: bytes, value: bytes) -> None:
-        if self.thread is None:
-            delivery = await self.dead_letters.emit(event, stage=self.stage, topic=self.topic, key=key, value=value)
-            if delivery is not None:
-                self.deliveries.append(delivery)
-            return
         self.chunk.append((event, key, value))
         if len(self.chunk) >= CHUNK_RECORDS:
-            self._hand_over()
+            self.hand_over()
 
-    def _hand_over(self) -> None:
-        if self.chunk and self.thread is not None:
+    def hand_over(self) -> None:
+        if self.chunk:
             records = [(key, value) for _, key, value in self.chunk]
             self.sent.append(([event for event, _, _ in self.chunk],
                               self.thread.submit(self.topic.get_topic_name(), records)))
             self.chunk = []
 
+    def acked(self) -> asyncio.Future:
+        return asyncio.gather(*(future for _, future in self.sent))
+
     async def delivered(self) -> None:
-        """Wait until every output is acknowledged; dead-letter the events of refused ones."""
-        self._hand_over()
-        await asyncio.gather(*self.deliveries)
+        self.hand_over()
         for events, future in self.sent:
             for event, refused in zip(events, await future, strict=True):
                 if refused is not None:
                     reason = f"output to {self.topic.get_topic_name()} refused: {refused}"
                     await self.dead_letters.send(event, stage=self.stage, reason=reason)
+
+
+class FaustOutbox:
+    """An Outbox sent through Faust's producer, as under exactly-once its transaction requires."""
+
+    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str) -> None:
+        self.topic, self.dead_letters, self.stage = topic, dead_letters, stage
+        self.deliveries: list = []
+
+    async def add(self, event: EventT, key: bytes, value: bytes) -> None:
+        delivery = await self.dead_letters.emit(event, stage=self.stage, topic=self.topic, key=key, value=value)
+        if delivery is not None:
+            self.deliveries.append(delivery)
+
+    def hand_over(self) -> None:
+        """Each output is handed to Faust's producer as it is added."""
+
+    def acked(self) -> asyncio.Future:
+        return asyncio.gather(*self.deliveries)
+
+    async def delivered(self) -> None:
+        await asyncio.gather(*self.deliveries)

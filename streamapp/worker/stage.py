@@ -20,7 +20,7 @@ from streamapp.tables.memory import RocksMemory
 from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import Metrics
-from streamapp.worker.outputs import Outbox, OutputThread
+from streamapp.worker.outputs import FaustOutbox, Outbox, OutputThread, ThreadOutbox
 
 T = TypeVar("T")
 
@@ -46,7 +46,8 @@ class Stage:
     rocks_memory: RocksMemory
     buffer_records: int
     batch_bytes: int
-    # None under exactly-once, where outputs join Faust's transaction (streamapp.worker.outputs).
+    # The join's; None without a join, and under exactly-once, where outputs join Faust's
+    # transaction (streamapp.worker.outputs).
     output_thread: OutputThread | None
     # One thread for pixel work: decoded images exist one at a time (R7) and the event loop
     # stays free to heartbeat while a frame is decoded, detected or drawn.
@@ -58,7 +59,9 @@ class Stage:
 
     def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
         """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""
-        return Outbox(topic, self.dead_letters, stage, self.output_thread)
+        if self.output_thread is None:
+            return FaustOutbox(topic, self.dead_letters, stage)
+        return ThreadOutbox(topic, self.dead_letters, stage, self.output_thread)
 
     async def stop_outputs(self) -> None:
         if self.output_thread is not None:
