@@ -9,15 +9,18 @@ stored. A frame that leaves so goes out unmatched (flagged) and leaves an "expir
 result after it is counted late; a result that leaves so is an orphan and is dropped (R1, R2).
 
 The agent takes its input in batches: it decides a whole batch, sends the outputs without waiting
-for each, and writes the window once they are all delivered; its offsets commit after that. The
-sweep and the batches hold one lock, so a frame is never both joined and expired. Both sides of
-a partition are read in step: a side more than a TTL ahead of the other in event time is paused
-until the other catches up, so pending state while a backlog drains is as small as live.
+for each, and writes the window once they are all delivered; its offsets commit after that. When
+the next batch's input arrives before those outputs are acknowledged, it is decided on top of the
+one on its way (:class:`BatchRun`). The sweep and the batches hold one lock, so a frame is never
+both joined and expired. Both sides of a partition are read in step: a side more than a TTL ahead
+of the other in event time is paused until the other catches up, so pending state while a
+backlog drains is as small as live.
 There are no per-key timers or objects: the window's on-disk index drives expiry (R8).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Iterable
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 from faust.types import TP
 
 from streamapp import wire
+from streamapp.batches import Batch, Batches
 from streamapp.jpeg import CorruptFrame, check_jpeg
 from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
@@ -33,6 +37,9 @@ from streamapp.tables.progress import ReadProgress
 from streamapp.wire import Detections, Frame, Joined
 
 if TYPE_CHECKING:
+    from streamapp.tables.transaction import JoinTransaction
+    from streamapp.tables.window import WriteRetry
+    from streamapp.worker.outputs import Outbox
     from streamapp.worker.stage import Stage
 
 
@@ -41,6 +48,9 @@ MAX_BATCH_EVENTS = 1000
 # After a batch the window is expired at most this often: at a trickle a batch holds a few records,
 # and each expiry seeks every owned partition's indexes. Outcomes do not depend on it.
 EXPIRE_AFTER_BATCH_MS = 50
+# A run of batches decided one on top of the other ends at least this often, so that the window
+# is expired and the sweep gets the lock while a backlog drains.
+RUN_MS = 500
 
 
 class StartOffsets(Protocol):
@@ -196,9 +206,67 @@ class InStep:
         return {"join_input_partitions_paused": len(self.paused), "join_input_pauses_total": self.pauses}
 
 
+@dataclasses.dataclass
+class InFlight:
+    """A decided batch whose outputs are on their way: its window writes and its acks wait for them."""
+
+    batch: Batch
+    transaction: JoinTransaction
+    outbox: Outbox
+
+    async def finish(self, retry: WriteRetry) -> None:
+        await self.outbox.delivered()
+        await self.transaction.commit(retry)
+        self.batch.ack()  # its offsets may commit now: after its outputs and its changelog records
+
+
+class BatchRun:
+    """Batches decided one on top of the other while input keeps coming, holding the window's lock from
+    the first to the last: the batch after is decided while this one's outputs are on their way,
+    so the loop keeps deciding instead of waiting for acks. At most two batches are in flight."""
+
+    def __init__(self, lock: asyncio.Lock, retry: WriteRetry) -> None:
+        self.lock, self.retry = lock, retry
+        self.in_flight: InFlight | None = None
+        self.started_ms: int | None = None  # while the run holds the lock
+
+    @property
+    def running(self) -> bool:
+        return self.started_ms is not None
+
+    async def start(self) -> None:
+        if not self.running:
+            await self.lock.acquire()
+            self.started_ms = now_ms()
+
+    def base(self) -> JoinTransaction | None:
+        return None if self.in_flight is None else self.in_flight.transaction
+
+    async def carry(self, decided: InFlight) -> None:
+        """``decided`` is on its way; the batch before it is finished."""
+        before, self.in_flight = self.in_flight, decided
+        if before is not None:
+            await before.finish(self.retry)
+
+    def due_to_end(self) -> bool:
+        return self.started_ms is None or now_ms() - self.started_ms >= RUN_MS
+
+    async def finish(self) -> None:
+        """Finish the batch in flight; the lock is still held."""
+        if self.in_flight is not None:
+            decided, self.in_flight = self.in_flight, None
+            await decided.finish(self.retry)
+
+    def release(self) -> None:
+        """End the run. A batch still in flight (the agent raised or was cancelled) is never acked:
+        it is read again after a restart."""
+        if self.running:
+            self.in_flight, self.started_ms = None, None
+            self.lock.release()
+
+
 def register(stage: Stage) -> None:
     """The Faust side: one agent over frames + detections taking batches, and the sweep timer."""
-    from streamapp.batches import take_batches
     from streamapp.tables.disk import DiskGuard
     from streamapp.tables.window import DueOutcome, JoinWindow
     from streamapp.topics import JOIN_TABLE, changelog_config, max_record_bytes
@@ -250,15 +318,18 @@ def register(stage: Stage) -> None:
                                             value=wire.encode_joined(unmatched))
         return DueOutcome(replacement, delivery)
 
-    async def expire_and_step() -> None:
-        await window.expire(now_ms(), joiner.ttl_ms, progress, on_due, disk.written)
+    def keep_in_step() -> None:
         in_step.adjust(number for number, _ in window.store.active_partitions())
 
-    async def join_batch(events) -> None:
-        transaction = window.transaction()
+    async def expire_and_step() -> None:
+        await window.expire(now_ms(), joiner.ttl_ms, progress, on_due, disk.written)
+        keep_in_step()
+
+    async def join_batch(batch: Batch, base: JoinTransaction | None) -> InFlight:
+        transaction = window.transaction(base)
         outbox = stage.outbox(topics.joined, stage="join")
         decided_at = now_ms()
-        for event in events:
+        for event in batch.events:
             message = event.message
             progress.passed(message.topic, message.partition, message.offset)
             try:
@@ -271,20 +342,42 @@ def register(stage: Stage) -> None:
             joined = joiner.arrive(transaction.partition(message.partition), record, event.value,
                                    event_ms=event_ms, now_ms=decided_at)
             if joined is not None:
-                await outbox.add(event, event.key, wire.encode_joined(joined))
-        await outbox.delivered()
-        await transaction.commit(disk.written)
+                await outbox.add(event, cast(bytes, event.key), wire.encode_joined(joined))  # checked by decode
+        outbox.hand_over()
+        return InFlight(batch, transaction, outbox)
+
+    async def run_goes_on(batches: Batches, run: BatchRun, decided: InFlight) -> bool:
+        """Whether the next batch is decided on top of ``decided``: nothing needs the lock or the
+        window as written (expiry, a rebalance, a full disk), and input for it arrives before
+        ``decided``'s outputs are acknowledged (else the run ends: at a trickle, a batch
+        commits as soon as its outputs are acknowledged, as it would alone)."""
+        if run.due_to_end() or app.rebalancing or disk.paused:
+            return False
+        return await batches.input_before(decided.outbox.acked())
 
     @app.agent(both_sides, name="join")
     async def join(stream):
+        batches = Batches(stream, max_bytes=stage.batch_bytes, max_events=MAX_BATCH_EVENTS)
+        run = BatchRun(window.lock, disk.written)
         expired_at = 0
-        async for events in take_batches(stream, max_bytes=stage.batch_bytes, max_events=MAX_BATCH_EVENTS):
-            await disk.wait_for_space()
-            async with window.lock:
-                await join_batch(events)
+        try:
+            async for batch in batches:
+                if not run.running:
+                    await disk.wait_for_space()
+                    await run.start()
+                decided = await join_batch(batch, run.base())
+                await run.carry(decided)
+                keep_in_step()
+                if await run_goes_on(batches, run, decided):
+                    continue
+                await run.finish()
                 if (now := now_ms()) - expired_at >= EXPIRE_AFTER_BATCH_MS:
                     expired_at = now
                     await disk.unless_full(expire_and_step)
+                run.release()
+            await run.finish()
+        finally:
+            run.release()
 
     # mode types handlers as VarArg/NamedArg callables, which mypy matches with no function.
     @app.on_before_shutdown.connect  # type: ignore[arg-type]

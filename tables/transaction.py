@@ -6,6 +6,9 @@ partition) and their changelog records. A worker killed in between sees the pend
 again when the input is redelivered, and emits again instead of finding a "joined" marker for a
 record that never left (R12). A pair that completes inside one batch is never written with its
 payload: only its marker reaches RocksDB and the changelog.
+
+While one batch's outputs are on their way, the next is decided on top of it: a transaction reads
+through the writes its ``base`` still holds, and commits after it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ if TYPE_CHECKING:
 
 
 class JoinTransaction:
-    def __init__(self, window: JoinWindow) -> None:
-        self.window = window
+    def __init__(self, window: JoinWindow, base: JoinTransaction | None = None) -> None:
+        self.window, self.base = window, base
         self.held: dict[int, dict[bytes, Entry | None]] = {}
 
     def partition(self, number: int) -> PartitionWrites:
@@ -32,6 +35,16 @@ class JoinTransaction:
             changes = [(key, None if entry is None else entry.encode()) for key, entry in self.held[number].items()]
             await self.window.write(number, changes, retry)
             del self.held[number]  # written: a retry of the commit does not send it again
+        self.base = None
+
+    def _get(self, number: int, key: bytes) -> Entry | None:
+        transaction: JoinTransaction | None = self
+        while transaction is not None:
+            held = transaction.held.get(number)
+            if held is not None and key in held:
+                return held[key]
+            transaction = transaction.base
+        return self.window.get(number, key)
 
 
 class PartitionWrites:
@@ -43,10 +56,7 @@ class PartitionWrites:
         self.transaction, self.number = transaction, number
 
     def get(self, key: bytes) -> Entry | None:
-        held = self.transaction.held.get(self.number)
-        if held is not None and key in held:
-            return held[key]
-        return self.transaction.window.get(self.number, key)
+        return self.transaction._get(self.number, key)
 
     def put(self, key: bytes, entry: Entry | None) -> None:
         held = self.transaction.held.setdefault(self.number, {})

@@ -8,7 +8,8 @@ side is caught up and the TTL has passed since the entry was stored. It sends th
 record of every change itself (R4), straight to the producer (streamapp.tables.changelog).
 
 One writer at a time: the join's batches and its sweeps both hold :attr:`JoinWindow.lock` from
-deciding to writing, so an entry can never be joined by one and expired by the other.
+deciding to writing (a run of batches decided one on top of the other holds it throughout), so
+an entry can never be joined by one and expired by the other.
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ class JoinWindow:
         value = self.store.partition(partition).get(key)
         return None if value is None else Entry.decode(value)
 
-    def transaction(self) -> JoinTransaction:
-        return JoinTransaction(self)
+    def transaction(self, base: JoinTransaction | None = None) -> JoinTransaction:
+        """Writes held until committed; decided on top of ``base``'s, if it has not committed yet."""
+        return JoinTransaction(self, base)
 
     async def write(self, partition: int, changes: list[tuple[bytes, bytes | None]], retry: WriteRetry) -> None:
         """Store ``changes`` in one atomic batch through ``retry``, then send their changelog records."""

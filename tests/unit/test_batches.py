@@ -1,13 +1,13 @@
-"""Batches taken from a Faust stream's buffer: bounded in records and bytes, acked only once the
-code consuming a batch is done with it, never when it raised, and skipping records fetched
-before a rebalance."""
+"""Batches taken from a Faust stream's buffer: bounded in records and bytes, acked only when the
+code consuming a batch acks it, never when it raised, and skipping records fetched before a
+rebalance."""
 
 import asyncio
 
 import faust
 from faust.types import Message
 
-from streamapp.batches import take_batches
+from streamapp.batches import Batches
 
 VALUE = b"v" * 100
 
@@ -36,22 +36,50 @@ async def _started(**limits):
     app = _app()
     channel = app.channel()
     options = {"max_bytes": 10**6, "max_events": 100, "linger_s": 0.001, "idle_s": 0.05, **limits}
-    batches = take_batches(app.stream(channel), **options)
+    batches = aiter(Batches(app.stream(channel), **options))
     first = asyncio.ensure_future(batches.__anext__())
     await asyncio.sleep(0.01)  # the generator subscribes to the channel, then waits for it
     return app, channel, batches, first
 
 
-def test_batches_are_bounded_and_acked_when_the_next_is_asked_for():
+def test_batches_are_bounded_and_acked_only_when_acked():
     async def scenario():
         app, channel, batches, first = await _started(max_events=3, max_bytes=10**6)
         events = await _put(app, channel, 5)
         batch = await asyncio.wait_for(first, 2)
-        assert batch == events[:3]
-        assert not any(event.message.acked for event in events)
+        assert batch.events == events[:3]
         second = await asyncio.wait_for(batches.__anext__(), 2)
-        assert second == events[3:]
+        assert second.events == events[3:]
+        assert not any(event.message.acked for event in events)  # the first is still in flight
+        batch.ack()
         assert [event.message.acked for event in events] == [True, True, True, False, False]
+        second.ack()
+        assert all(event.message.acked for event in events)
+        await batches.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_input_before_says_whether_input_came_before_a_deadline():
+    async def scenario():
+        app = _app()
+        channel = app.channel()
+        source = Batches(app.stream(channel), max_bytes=10**6, max_events=2, linger_s=0.001, idle_s=0.05)
+        batches = aiter(source)
+        events = await _put(app, channel, 3)
+        assert (await asyncio.wait_for(batches.__anext__(), 2)).events == events[:2]
+        assert await source.input_before(asyncio.get_running_loop().create_future())  # one is waiting
+        assert (await asyncio.wait_for(batches.__anext__(), 2)).events == events[2:]
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        assert not await source.input_before(done)
+        deadline = asyncio.get_running_loop().create_future()
+        later = asyncio.ensure_future(source.input_before(deadline))
+        await asyncio.sleep(0.01)
+        arriving = await _put(app, channel, 1)
+        assert await asyncio.wait_for(later, 2)
+        assert not deadline.cancelled()  # not the batches' to cancel
+        assert (await asyncio.wait_for(batches.__anext__(), 2)).events == arriving
         await batches.aclose()
 
     asyncio.run(scenario())
@@ -62,7 +90,7 @@ def test_a_batch_closes_at_its_byte_limit():
         record_bytes = len(b"k") + len(VALUE)
         app, channel, batches, first = await _started(max_bytes=2 * record_bytes)
         events = await _put(app, channel, 3)
-        assert await asyncio.wait_for(first, 2) == events[:2]
+        assert (await asyncio.wait_for(first, 2)).events == events[:2]
         await batches.aclose()
 
     asyncio.run(scenario())
@@ -72,7 +100,7 @@ def test_a_batch_that_raised_is_not_acked():
     async def scenario():
         app, channel, batches, first = await _started()
         events = await _put(app, channel, 3)
-        assert await asyncio.wait_for(first, 2) == events
+        assert (await asyncio.wait_for(first, 2)).events == events
         try:
             await batches.athrow(RuntimeError("the join failed on this batch"))
         except RuntimeError:
@@ -87,7 +115,7 @@ def test_records_fetched_before_a_rebalance_are_skipped_and_acked():
         app, channel, batches, first = await _started()
         stale = await _put(app, channel, 2, generation=app.consumer_generation_id + 1)
         current = await _put(app, channel, 1)
-        assert await asyncio.wait_for(first, 2) == current
+        assert (await asyncio.wait_for(first, 2)).events == current
         assert all(event.message.acked for event in stale)
         await batches.aclose()
 

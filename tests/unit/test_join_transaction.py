@@ -49,3 +49,19 @@ def test_a_pair_whose_first_side_waited_in_an_earlier_batch_is_not_counted():
     second.partition(0).put(b"cam/1/9", Entry(EntryKind.JOINED, 60_000))
     commit(second)
     assert window.pairs_completed_in_batch == 0
+
+
+def test_a_batch_decided_on_top_of_one_not_yet_committed_reads_its_writes_and_commits_after_it():
+    window = DictWindow()
+    first = JoinTransaction(window)  # type: ignore[arg-type]
+    first.partition(1).put(b"cam/1/3", Entry(EntryKind.FRAME, 5_000, b"jpeg", 1_000))
+    first.partition(1).put(b"cam/1/4", Entry(EntryKind.FRAME, 5_000, b"jpeg", 1_000))
+    second = JoinTransaction(window, first)  # type: ignore[arg-type]
+    assert second.partition(1).get(b"cam/1/3").kind == EntryKind.FRAME  # held by the first only
+    second.partition(1).put(b"cam/1/3", Entry(EntryKind.JOINED, 60_000))
+    assert first.partition(1).get(b"cam/1/3").kind == EntryKind.FRAME  # the first is not changed
+    commit(first)
+    assert second.partition(1).get(b"cam/1/4").kind == EntryKind.FRAME  # now read from the window
+    commit(second)
+    assert window.get(1, b"cam/1/3").kind == EntryKind.JOINED
+    assert window.get(1, b"cam/1/4").kind == EntryKind.FRAME
