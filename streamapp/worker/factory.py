@@ -175,8 +175,9 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         role: app.topic(name, key_serializer="raw", value_serializer="raw", partitions=None)
         for role, name in names.items()
     })
-    # Under exactly-once outputs join Faust's transaction, so they stay on its producer.
-    exactly_once = settings.processing_guarantee == "exactly_once"
+    # Only the join batches its outputs; under exactly-once they join Faust's transaction, so they
+    # stay on its producer.
+    output_thread = "join" in settings.stages and settings.processing_guarantee != "exactly_once"
     stage = Stage(
         app=app,
         settings=settings,
@@ -186,8 +187,10 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         rocks_memory=shared_rocks_memory(plan.rocksdb_bytes),
         buffer_records=records,
         batch_bytes=plan.batch_bytes,
-        output_thread=None if exactly_once else OutputThread(app.producer, name="outputs"),
+        output_thread=OutputThread(app.producer, name="outputs") if output_thread else None,
     )
+    if output_thread:
+        sys.setswitchinterval(settings.gil_switch_interval_s)
     for name in settings.stages:
         importlib.import_module(f"streamapp.agents.{name}").register(stage)
 
