@@ -86,10 +86,6 @@ class Settings:
     static_membership: bool = True
     # Latest annotated frame per stream kept for the sink's live preview page; 0 turns it off.
     preview_bytes: int = 32 * 1024**2
-    # How long a thread holds the GIL while another waits for it (Python's default is 5 ms). The
-    # join's output thread needs it for each small step of a send, so at 5 ms its sends queue
-    # behind the loop's decisions (docs/benchmarks/join/report.md).
-    gil_switch_interval_s: float = 0.001
 
     def __post_init__(self) -> None:
         unknown = set(self.stages) - set(STAGES)
@@ -128,8 +124,6 @@ class Settings:
         _require(0 < self.yolo_confidence < 1, "STREAMAPP_YOLO_CONFIDENCE must be between 0 and 1 (exclusive)")
         _require(0 < self.yolo_nms <= 1, "STREAMAPP_YOLO_NMS must be > 0 and at most 1")
         _require(1 <= self.infer_batch <= 64, "STREAMAPP_INFER_BATCH must be 1..64")
-        _require(0.0001 <= self.gil_switch_interval_s <= 0.1,
-                 f"STREAMAPP_GIL_SWITCH_INTERVAL must be from 0.1ms to 100ms, got {self.gil_switch_interval_s}s")
         _require(self.processing_guarantee in PROCESSING_GUARANTEES,
                  f"STREAMAPP_PROCESSING_GUARANTEE must be one of {', '.join(PROCESSING_GUARANTEES)}")
 
@@ -279,7 +273,6 @@ _ENV = {
     "disk_reserve_bytes": ("STREAMAPP_DISK_RESERVE", _size),
     "broker_disk_budget_bytes": ("STREAMAPP_BROKER_DISK_BUDGET", _size),
     "sink_disk_budget_bytes": ("STREAMAPP_SINK_DISK_BUDGET", _size),
-    "gil_switch_interval_s": ("STREAMAPP_GIL_SWITCH_INTERVAL", _duration),
     "data_dir": ("STREAMAPP_DATA_DIR", _path),
     "out_dir": ("STREAMAPP_OUT_DIR", _path),
     "web_port": ("STREAMAPP_WEB_PORT", _int),

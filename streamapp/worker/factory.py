@@ -189,8 +189,6 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         batch_bytes=plan.batch_bytes,
         output_thread=OutputThread(app.producer, name="outputs") if output_thread else None,
     )
-    if output_thread:
-        sys.setswitchinterval(settings.gil_switch_interval_s)
     for name in settings.stages:
         importlib.import_module(f"streamapp.agents.{name}").register(stage)
 
