@@ -69,11 +69,14 @@ class _BufferedEvents:
         app = stream.app
         self.app, self.consumer, self.acking_topics = app, app.consumer, app.topics.acking_topics
         self.batch = Batch(stream)
+        self.stopped = False
 
     async def wait(self, timeout_s: float, until: asyncio.Future | None = None) -> bool:
         """Wait at most ``timeout_s``, or until ``until`` is done, for an event to take; False
         once the agent has been told to stop reading (Faust throws StopAsyncIteration into the
-        channel)."""
+        channel), and from then on."""
+        if self.stopped:
+            return False
         if self.queue.empty() and not self.batch.events:
             taking = self.queue.get()
             # Shielded: Faust cancels what did not finish first, and ``until`` is not its to cancel.
@@ -81,6 +84,7 @@ class _BufferedEvents:
             try:
                 waited = await self.stream.wait_first(*waits, timeout=timeout_s)
             except StopAsyncIteration:  # raised inside this generator it would become a RuntimeError
+                self.stopped = True  # Faust throws it once, maybe while the agent waits between batches
                 return False
             if taking in waited.done:
                 self._take(waited.results[waited.done.index(taking)])

@@ -134,3 +134,23 @@ def test_batches_end_quietly_when_the_agent_is_told_to_stop():
         raise AssertionError("a batch came out of an empty, stopped stream")
 
     asyncio.run(scenario())
+
+
+def test_batches_end_when_the_agent_was_told_to_stop_while_it_waited_between_batches():
+    async def scenario():
+        app = _app()
+        channel = app.channel()
+        source = Batches(app.stream(channel), max_bytes=10**6, max_events=100, linger_s=0.001, idle_s=0.05)
+        batches = aiter(source)
+        waiting = asyncio.ensure_future(source.input_before(asyncio.get_running_loop().create_future()))
+        await asyncio.sleep(0.01)
+        for subscribed in channel._subscribers:
+            subscribed._throw(StopAsyncIteration())
+        assert not await asyncio.wait_for(waiting, 2)
+        try:
+            await asyncio.wait_for(batches.__anext__(), 2)
+        except StopAsyncIteration:
+            return
+        raise AssertionError("a batch came out of a stopped stream")
+
+    asyncio.run(scenario())
