@@ -31,12 +31,18 @@ async def _put(app: faust.App, channel, count: int, *, generation: int | None = 
     return events
 
 
-async def _started(**limits):
-    """An app, its channel, batches taken from a stream of it, and the first batch to come."""
+def _source(**limits):
+    """An app, its channel, and the batches of a stream of it."""
     app = _app()
     channel = app.channel()
     options = {"max_bytes": 10**6, "max_events": 100, "linger_s": 0.001, "idle_s": 0.05, **limits}
-    batches = aiter(Batches(app.stream(channel), **options))
+    return app, channel, Batches(app.stream(channel), **options)
+
+
+async def _started(**limits):
+    """An app, its channel, batches taken from a stream of it, and the first batch to come."""
+    app, channel, source = _source(**limits)
+    batches = aiter(source)
     first = asyncio.ensure_future(batches.__anext__())
     await asyncio.sleep(0.01)  # the generator subscribes to the channel, then waits for it
     return app, channel, batches, first
@@ -62,9 +68,7 @@ def test_batches_are_bounded_and_acked_only_when_acked():
 
 def test_input_before_says_whether_input_came_before_a_deadline():
     async def scenario():
-        app = _app()
-        channel = app.channel()
-        source = Batches(app.stream(channel), max_bytes=10**6, max_events=2, linger_s=0.001, idle_s=0.05)
+        app, channel, source = _source(max_events=2)
         batches = aiter(source)
         events = await _put(app, channel, 3)
         assert (await asyncio.wait_for(batches.__anext__(), 2)).events == events[:2]
@@ -138,9 +142,7 @@ def test_batches_end_quietly_when_the_agent_is_told_to_stop():
 
 def test_batches_end_when_the_agent_was_told_to_stop_while_it_waited_between_batches():
     async def scenario():
-        app = _app()
-        channel = app.channel()
-        source = Batches(app.stream(channel), max_bytes=10**6, max_events=100, linger_s=0.001, idle_s=0.05)
+        app, channel, source = _source()
         batches = aiter(source)
         waiting = asyncio.ensure_future(source.input_before(asyncio.get_running_loop().create_future()))
         await asyncio.sleep(0.01)
