@@ -321,9 +321,8 @@ def register(stage: Stage) -> None:
     def keep_in_step() -> None:
         in_step.adjust(number for number, _ in window.store.active_partitions())
 
-    async def expire_and_step() -> None:
+    async def expire() -> None:
         await window.expire(now_ms(), joiner.ttl_ms, progress, on_due, disk.written)
-        keep_in_step()
 
     async def join_batch(batch: Batch, base: JoinTransaction | None) -> InFlight:
         transaction = window.transaction(base)
@@ -373,7 +372,7 @@ def register(stage: Stage) -> None:
                 await run.finish()
                 if (now := now_ms()) - expired_at >= EXPIRE_AFTER_BATCH_MS:
                     expired_at = now
-                    await disk.unless_full(expire_and_step)
+                    await disk.unless_full(expire)
                 run.release()
             await run.finish()
         finally:
@@ -392,5 +391,6 @@ def register(stage: Stage) -> None:
         if app.in_recovery or app.rebalancing:
             return
         async with window.lock:
-            await disk.unless_full(expire_and_step)
+            await disk.unless_full(expire)
             await disk.unless_full(lambda: disk.tend(window, on_due))
+        keep_in_step()  # with no batch coming, a side paused for its partner's backlog resumes here

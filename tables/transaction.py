@@ -37,13 +37,13 @@ class JoinTransaction:
             del self.held[number]  # written: a retry of the commit does not send it again
         self.base = None
 
-    def _get(self, number: int, key: bytes) -> Entry | None:
-        transaction: JoinTransaction | None = self
-        while transaction is not None:
-            held = transaction.held.get(number)
-            if held is not None and key in held:
+    def get(self, number: int, key: bytes) -> Entry | None:
+        """The entry as this transaction sees it: its own writes, then its base's, then the window.
+        A base's own base has committed before this transaction was begun (a run finishes each
+        batch before it decides the one after next), so its writes are in the window."""
+        for transaction in (self, self.base):
+            if transaction is not None and key in (held := transaction.held.get(number, {})):
                 return held[key]
-            transaction = transaction.base
         return self.window.get(number, key)
 
 
@@ -56,7 +56,7 @@ class PartitionWrites:
         self.transaction, self.number = transaction, number
 
     def get(self, key: bytes) -> Entry | None:
-        return self.transaction._get(self.number, key)
+        return self.transaction.get(self.number, key)
 
     def put(self, key: bytes, entry: Entry | None) -> None:
         held = self.transaction.held.setdefault(self.number, {})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, cast
 
 import faust
@@ -97,7 +97,8 @@ class Outbox(Protocol):
         """Start sending what was added so far."""
 
     def acked(self) -> asyncio.Future:
-        """Done once every output handed over is acknowledged (or refused)."""
+        """Done once every output handed over is acknowledged (or refused); never fails, as
+        :meth:`delivered` raises what failed."""
 
     async def delivered(self) -> None:
         """Wait until every output is acknowledged; dead-letter the events of refused ones."""
@@ -124,7 +125,7 @@ class ThreadOutbox:
             self.chunk = []
 
     def acked(self) -> asyncio.Future:
-        return asyncio.gather(*(future for _, future in self.sent))
+        return _all_done(future for _, future in self.sent)
 
     async def delivered(self) -> None:
         self.hand_over()
@@ -151,7 +152,13 @@ class FaustOutbox:
         """Each output is handed to Faust's producer as it is added."""
 
     def acked(self) -> asyncio.Future:
-        return asyncio.gather(*self.deliveries)
+        return _all_done(self.deliveries)
 
     async def delivered(self) -> None:
         await asyncio.gather(*self.deliveries)
+
+
+def _all_done(futures: Iterable[asyncio.Future]) -> asyncio.Future:
+    """Done when all are. It holds their exceptions rather than raising them: a waiter that
+    stops waiting for it (input came first) leaves no "exception was never retrieved" behind."""
+    return asyncio.gather(*futures, return_exceptions=True)
