@@ -102,11 +102,15 @@ class StreamApp(faust.App):
                 "stream_buffer_bytes": sum(queue.bytes for queue in self.stream_buffers)}
 
 
-# Records per poll and per recovery batch are counts in Faust: a quarter of the memory budget,
-# sized for records of up to 4 MiB (a 4K JPEG is 1-3 MB), at least 32. Stream buffers are
-# limited in bytes instead (streamapp.worker.budget).
+# Records per recovery batch are a count in Faust: a quarter of the memory budget, sized for
+# records of up to 4 MiB (a 4K JPEG is 1-3 MB), at least 32. Stream buffers are limited in bytes
+# instead (streamapp.worker.budget).
 _BUFFERED_RECORD_BYTES = 4 * 1024**2
 _MIN_BUFFER_RECORDS = 32
+# A poll moves records the consumer has already fetched, so the fetch limits bound its bytes. Each
+# poll is two hand-overs between the consumer's thread and the loop: at 64 records a poll, a
+# backlog drain ran 11 % slower (median of six alternating drains, 1,061 against 1,188 pairs/s).
+POLL_RECORDS = 1000
 
 
 def buffer_records(settings: Settings) -> int:
@@ -141,7 +145,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         topic_disable_leader=True,
         table_standby_replicas=standby_replicas(settings),
         topic_replication_factor=settings.replication_factor,
-        broker_max_poll_records=records,
+        broker_max_poll_records=POLL_RECORDS,
         consumer_max_fetch_size=plan.fetch_bytes_per_partition,
         producer_max_request_size=topic_defs.max_record_bytes(settings),
         producer_max_batch_size=plan.producer_batch_bytes,
