@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from streamapp.tables.window import JoinWindow, WriteRetry
 
 
+_NOTHING_HELD: dict[bytes, Entry | None] = {}  # never written: what a partition without writes holds
+
+
 class JoinTransaction:
     def __init__(self, window: JoinWindow, base: JoinTransaction | None = None) -> None:
         self.window, self.base = window, base
@@ -42,7 +45,7 @@ class JoinTransaction:
         A base's own base has committed before this transaction was begun (a run finishes each
         batch before it decides the one after next), so its writes are in the window."""
         for transaction in (self, self.base):
-            if transaction is not None and key in (held := transaction.held.get(number, {})):
+            if transaction is not None and key in (held := transaction.held.get(number, _NOTHING_HELD)):
                 return held[key]
         return self.window.get(number, key)
 

@@ -48,6 +48,20 @@ async def _started(**limits):
     return app, channel, batches, first
 
 
+def _tell_to_stop(channel) -> None:
+    for subscribed in channel._subscribers:  # what Faust's actor does as the worker stops
+        subscribed._throw(StopAsyncIteration())
+
+
+async def _ends(next_batch) -> None:
+    """The batches end: the awaited next batch raises StopAsyncIteration."""
+    try:
+        await asyncio.wait_for(next_batch, 2)
+    except StopAsyncIteration:
+        return
+    raise AssertionError("a batch came out of a stopped stream")
+
+
 def test_batches_are_bounded_and_acked_only_when_acked():
     async def scenario():
         app, channel, batches, first = await _started(max_events=3, max_bytes=10**6)
@@ -129,13 +143,8 @@ def test_records_fetched_before_a_rebalance_are_skipped_and_acked():
 def test_batches_end_quietly_when_the_agent_is_told_to_stop():
     async def scenario():
         app, channel, batches, first = await _started()
-        for subscribed in channel._subscribers:  # what Faust's actor does as the worker stops
-            subscribed._throw(StopAsyncIteration())
-        try:
-            await asyncio.wait_for(first, 2)
-        except StopAsyncIteration:
-            return
-        raise AssertionError("a batch came out of an empty, stopped stream")
+        _tell_to_stop(channel)
+        await _ends(first)
 
     asyncio.run(scenario())
 
@@ -146,13 +155,8 @@ def test_batches_end_when_the_agent_was_told_to_stop_while_it_waited_between_bat
         batches = aiter(source)
         waiting = asyncio.ensure_future(source.input_before(asyncio.get_running_loop().create_future()))
         await asyncio.sleep(0.01)
-        for subscribed in channel._subscribers:
-            subscribed._throw(StopAsyncIteration())
+        _tell_to_stop(channel)
         assert not await asyncio.wait_for(waiting, 2)
-        try:
-            await asyncio.wait_for(batches.__anext__(), 2)
-        except StopAsyncIteration:
-            return
-        raise AssertionError("a batch came out of a stopped stream")
+        await _ends(batches.__anext__())
 
     asyncio.run(scenario())
