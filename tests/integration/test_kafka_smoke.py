@@ -11,8 +11,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.conn import AIOKafkaConnection
 
-from streamapp import kafkaread
+from streamapp import kafkaread, kafkawrite
 
 pytestmark = pytest.mark.kafka
 
@@ -48,8 +49,11 @@ async def topic_configs(bootstrap: str, topic: str) -> dict[str, tuple[str, int]
 
 
 def test_200_records_of_1mib_with_keys_and_headers_round_trip(kafka_bootstrap, unique_topic):
-    """Read as the worker reads: through WholeResponseReader, fetches of up to 32 MiB."""
+    """Read and written as the worker does: through WholeResponseReader, fetches of up to 32 MiB,
+    and produce requests whose record batches go to the socket unjoined (streamapp.kafkawrite)."""
     kafkaread.install()
+    kafkawrite.install()
+    assert getattr(AIOKafkaConnection.send, "writes_batches_unjoined", False)
 
     async def scenario():
         await create_topic(kafka_bootstrap, NewTopic(unique_topic, 3, 1))

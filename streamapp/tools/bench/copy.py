@@ -1,7 +1,7 @@
 """The limit of ``streamapp bench join``: an aiokafka consumer→producer copy of the frame and
 result records into one topic, tuned as a user would (large fetches, 1 MiB batches, 5 ms linger,
-a whole fetched batch in flight before awaiting its acknowledgements), reading responses as the
-worker does (streamapp.kafkaread).
+a whole fetched batch in flight before awaiting its acknowledgements), reading responses and
+writing produce requests as the worker does (streamapp.kafkaread, streamapp.kafkawrite).
 
 Run as ``python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...``; it prints ``ready``
 once its partitions are assigned, and copies until it is terminated.
@@ -14,7 +14,7 @@ import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamapp import kafkaread
+from streamapp import kafkaread, kafkawrite
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes
 
@@ -51,7 +51,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...", file=sys.stderr)
         return 2
     bootstrap, group, target, *sources = argv
-    kafkaread.install()  # as the worker reads: the limit is for these bytes, not for asyncio's buffer
+    # As the worker reads and writes: the limit is for these bytes, not for asyncio's and aiokafka's copies.
+    kafkaread.install()
+    kafkawrite.install()
     asyncio.run(copy(bootstrap, group, target, sources))
     return 0
 
