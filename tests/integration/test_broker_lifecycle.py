@@ -16,13 +16,19 @@ from streamapp.tools.localkafka.processes import free_port
 pytestmark = pytest.mark.kafka
 
 
-async def topics(bootstrap: str, create: str | None = None) -> list[str]:
+async def has_topic(bootstrap: str, name: str, create: bool = False) -> bool:
+    """Whether the broker lists `name` within 30 s: a new topic reaches the broker's metadata
+    cache a moment after create_topics returns."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         if create:
-            await admin.create_topics([NewTopic(create, 1, 1)])
-        return await admin.list_topics()
+            await admin.create_topics([NewTopic(name, 1, 1)])
+        for _ in range(300):
+            if name in await admin.list_topics():
+                return True
+            await asyncio.sleep(0.1)
+        return False
     finally:
         await admin.close()
 
@@ -35,7 +41,7 @@ def test_start_status_restart_stop(tmp_path):
         status = broker.status()
         assert status.running and status.port == broker.port and status.bootstrap == broker.bootstrap
         assert broker.pid_file.read_text().strip() == str(status.pid)
-        assert "kept" in asyncio.run(topics(broker.bootstrap, create="kept"))
+        assert asyncio.run(has_topic(broker.bootstrap, "kept", create=True))
 
         with pytest.raises(BrokerError, match="already running"):
             LocalBroker(broker.data_dir, free_port()).start()
@@ -44,7 +50,7 @@ def test_start_status_restart_stop(tmp_path):
         assert not broker.status().running and not broker.pid_file.exists()
 
         broker.start(timeout=120)  # same data dir: same cluster, topics still there
-        assert "kept" in asyncio.run(topics(broker.bootstrap))
+        assert asyncio.run(has_topic(broker.bootstrap, "kept"))
     finally:
         broker.stop()
     assert not any("killed" in note for note in notes), notes
