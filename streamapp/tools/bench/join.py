@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from streamapp.settings import Settings
 from streamapp.tools.bench import copy, join_report, kstreams
 from streamapp.tools.bench.pairs import RESULT_LAG, Cameras, PairLoad, create_plain_topics, load_producer
 from streamapp.tools.bench.sampler import cpu_seconds_of, rss_of
-from streamapp.tools.harness import follow, own_broker
+from streamapp.tools.harness import delete_topics, follow, own_broker
 from streamapp.tools.localkafka.common import KAFKA_VERSION
 from streamapp.tools.localkafka.jars import check_java
 from streamapp.tools.localkafka.processes import free_port
@@ -315,6 +316,12 @@ async def observing(settings: Settings, system: System, topics: Topics, running:
         raise failed[0]  # a dead reader or sampler would leave the numbers short without saying why
 
 
+async def settle() -> None:
+    """Write back what the load and earlier phases left dirty in the page cache, so that the
+    kernel's writeback does not share the two cores with the system about to start."""
+    await asyncio.to_thread(os.sync)
+
+
 async def wait_ready(running: Running, label: str) -> None:
     # Polled often: the drain is timed from this moment, and a small backlog drains in a second.
     await asyncio.to_thread(wait_until, running.ready, READY_TIMEOUT_S, f"the {label} to start", poll_s=0.05)
@@ -366,9 +373,10 @@ class Bench:
         await producer.start()
         running: list[Running] = []
 
-        def start() -> Running:
+        async def start() -> Running:
             logs = self.log_dir / f"{system.name}-{phase}"
             logs.mkdir(parents=True, exist_ok=True)
+            await settle()
             running.append(system.start(topics, self.scratch / topics.prefix, logs))
             return running[0]
 
@@ -380,6 +388,9 @@ class Bench:
             for process in running:
                 await asyncio.to_thread(process.stop)
             await producer.stop()
+            # Each phase writes gigabytes; the next system starts on a broker without them.
+            await delete_topics(self.settings.replace(topic_prefix=topics.prefix))
+            shutil.rmtree(self.scratch / topics.prefix, ignore_errors=True)
 
     async def backlog(self, system: System) -> dict:
         options = self.options
@@ -389,7 +400,7 @@ class Bench:
                                              lambda index: first_ms + int(index * 1000 / options.backlog_rate))
             self.frame_record_bytes = load.frame_record_bytes
             began = time.monotonic()
-            running = start()
+            running = await start()
             async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
                 ready_at, cpu_at_ready = time.monotonic(), cpu_seconds_of(running.pid)
@@ -407,7 +418,7 @@ class Bench:
     async def live(self, system: System) -> dict:
         steps = []
         async with self.started(system, "live") as (topics, load, start):
-            running = start()
+            running = await start()
             async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
                 await self.warm_up(load, outputs)
