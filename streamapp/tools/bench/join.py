@@ -373,10 +373,9 @@ class Bench:
         await producer.start()
         running: list[Running] = []
 
-        async def start() -> Running:
+        def start() -> Running:
             logs = self.log_dir / f"{system.name}-{phase}"
             logs.mkdir(parents=True, exist_ok=True)
-            await settle()
             running.append(system.start(topics, self.scratch / topics.prefix, logs))
             return running[0]
 
@@ -399,8 +398,9 @@ class Bench:
             published_s = await load.publish(options.pairs, 0,
                                              lambda index: first_ms + int(index * 1000 / options.backlog_rate))
             self.frame_record_bytes = load.frame_record_bytes
+            await settle()
             began = time.monotonic()
-            running = await start()
+            running = start()
             async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
                 ready_at, cpu_at_ready = time.monotonic(), cpu_seconds_of(running.pid)
@@ -418,7 +418,8 @@ class Bench:
     async def live(self, system: System) -> dict:
         steps = []
         async with self.started(system, "live") as (topics, load, start):
-            running = await start()
+            await settle()
+            running = start()
             async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
                 await self.warm_up(load, outputs)
