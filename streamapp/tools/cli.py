@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamapp import assets, kafkaread, kafkawrite
+from streamapp import assets, kafkaclient
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.settings import Settings
 from streamapp.tools import chaos
@@ -362,8 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    kafkaread.install()
-    kafkawrite.install()
+    kafkaclient.install()
     try:
         args = parser.parse_args(argv)
         if args.command is None:

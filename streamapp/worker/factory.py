@@ -18,7 +18,7 @@ from typing import cast
 import faust
 from faust.tables import TableManager
 
-from streamapp import kafkaread, kafkawrite, topics as topic_defs
+from streamapp import kafkaclient, topics as topic_defs
 from streamapp.errors import StreamappError, one_line
 from streamapp.settings import Settings
 from streamapp.tables.memory import shared_rocks_memory
@@ -128,8 +128,7 @@ def standby_replicas(settings: Settings) -> int:
 
 def create_app(settings: Settings | None = None) -> StreamApp:
     settings = settings or Settings.from_env()
-    kafkaread.install()
-    kafkawrite.install()
+    kafkaclient.install()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     records = buffer_records(settings)
     plan = MemoryPlan.for_settings(settings)

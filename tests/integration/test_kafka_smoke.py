@@ -12,8 +12,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.conn import AIOKafkaConnection
+from aiokafka.producer import message_accumulator
 
-from streamapp import kafkaread, kafkawrite
+from streamapp import kafkaclient, kafkacrc, kafkaread
 
 pytestmark = pytest.mark.kafka
 
@@ -50,10 +51,12 @@ async def topic_configs(bootstrap: str, topic: str) -> dict[str, tuple[str, int]
 
 def test_200_records_of_1mib_with_keys_and_headers_round_trip(kafka_bootstrap, unique_topic):
     """Read and written as the worker does: through WholeResponseReader, fetches of up to 32 MiB,
-    and produce requests whose record batches go to the socket unjoined (streamapp.kafkawrite)."""
-    kafkaread.install()
-    kafkawrite.install()
+    produce requests whose record batches go to the socket unjoined (streamapp.kafkawrite), batches
+    built and checked with the CPU's CRC-32C (streamapp.kafkacrc): the broker checks every batch's
+    checksum, so a wrong one would be refused."""
+    kafkaclient.install()
     assert getattr(AIOKafkaConnection.send, "writes_batches_unjoined", False)
+    assert message_accumulator.DefaultRecordBatchBuilder is kafkacrc.LeanBatchBuilder
 
     async def scenario():
         await create_topic(kafka_bootstrap, NewTopic(unique_topic, 3, 1))

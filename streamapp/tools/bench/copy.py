@@ -14,7 +14,7 @@ import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamapp import kafkaread, kafkawrite
+from streamapp import kafkaclient
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes
 
@@ -52,8 +52,7 @@ def main(argv: list[str]) -> int:
         return 2
     bootstrap, group, target, *sources = argv
     # As the worker reads and writes: the limit is for these bytes, not for asyncio's and aiokafka's copies.
-    kafkaread.install()
-    kafkawrite.install()
+    kafkaclient.install()
     asyncio.run(copy(bootstrap, group, target, sources))
     return 0
 
