@@ -25,7 +25,7 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help="frame/result pairs in the backlog (default 20000)")
     join.add_argument("--rates", type=rates_arg, default=DEFAULT_RATES,
                       help="rising live rates in pairs per second, comma-separated; a system stops at its first "
-                           "rate not sustained (default 150,300,450,600,900,1200,1500,1800,2250,2700,3600)")
+                           f"rate not sustained (default {','.join(f'{rate:g}' for rate in DEFAULT_RATES)})")
     join.add_argument("--live-seconds", type=seconds_arg, default=10.0, help="seconds at each live rate (default 10)")
     join.add_argument("--warmup", type=seconds_arg, default=5.0,
                       help="seconds at the first live rate before the measured steps (default 5)")
