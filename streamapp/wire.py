@@ -21,6 +21,7 @@ import re
 import struct
 import threading
 import time
+from typing import cast
 
 from streamapp.errors import StreamappError
 
@@ -190,8 +191,17 @@ def _pack(kind: bytes, header: dict, body: bytes) -> bytes:
 
 def peek_kind(value: bytes | None) -> bytes:
     """The record kind after checking magic and version; raises WireError otherwise."""
-    kind, _, _ = _unpack(value)
+    kind, _, _ = _unpack_header(value)
     return kind
+
+
+def peek_joined(value: bytes | None) -> tuple[FrameId, bool]:
+    """A joined record's frame id and whether it met its result, from its header alone: the
+    frame is neither copied nor checked (for readers that only count outputs)."""
+    kind, header, _ = _unpack_header(value)
+    if kind != Kind.JOINED:
+        raise WireError(f"expected a {Kind.JOINED.decode()} record, got {kind.decode()}")
+    return _frame_id(header), _status_matched(header)
 
 
 def decode(value: bytes | None, *, max_frame_bytes: int | None = None) -> Frame | Detections | Joined:
@@ -227,16 +237,26 @@ def _detections_record(header: dict, body: bytes) -> Detections:
 
 def _joined_from(header: dict, body: bytes, max_frame_bytes: int | None) -> Joined:
     frame = _frame_from(header, body, max_frame_bytes)
-    status = header.get("status")
-    if status == "unmatched":
+    if not _status_matched(header):
         return Joined(frame, None)
-    if status != "joined":
-        raise WireError(f"joined: status must be 'joined' or 'unmatched', got {status!r}")
     detections = _detections_from({**header, "width": frame.width, "height": frame.height})
     return Joined(frame, detections)
 
 
+def _status_matched(header: dict) -> bool:
+    status = header.get("status")
+    if status not in ("joined", "unmatched"):
+        raise WireError(f"joined: status must be 'joined' or 'unmatched', got {status!r}")
+    return status == "joined"
+
+
 def _unpack(value: bytes | None) -> tuple[bytes, dict, bytes]:
+    kind, header, end = _unpack_header(value)
+    return kind, header, bytes(cast(bytes, value)[end:])
+
+
+def _unpack_header(value: bytes | None) -> tuple[bytes, dict, int]:
+    """Kind, parsed header and where the body starts, after checking everything before the body."""
     if not value:
         raise WireError("empty payload")
     if len(value) < _PREFIX.size:
@@ -259,7 +279,7 @@ def _unpack(value: bytes | None) -> tuple[bytes, dict, bytes]:
         raise WireError(f"header is not UTF-8 JSON: {exc}") from None
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
-    return kind, header, bytes(value[end:])
+    return kind, header, end
 
 
 def _expect(value: bytes | None, kind: bytes) -> tuple[dict, bytes]:

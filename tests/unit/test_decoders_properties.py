@@ -26,6 +26,7 @@ DECODERS = {
     "decode_detections": wire.decode_detections,
     "decode_joined": lambda value: wire.decode_joined(value, max_frame_bytes=MAX_FRAME_BYTES),
     "peek_kind": wire.peek_kind,
+    "peek_joined": wire.peek_joined,
 }
 PREFIX = struct.Struct(">2sBcI")
 
@@ -132,7 +133,16 @@ def test_joined_records_round_trip(frame, matched, data):
     if matched:
         found = data.draw(detections(frame.width, frame.height))
         found = Detections(frame.id, found.boxes, found.model, found.latency_ms, frame.width, frame.height)
-    assert wire.decode_joined(wire.encode_joined(Joined(frame, found))) == Joined(frame, found)
+    record = wire.encode_joined(Joined(frame, found))
+    assert wire.decode_joined(record) == Joined(frame, found)
+    assert wire.peek_joined(record) == (frame.id, matched)
+
+
+def test_peek_joined_refuses_other_kinds_and_statuses():
+    with pytest.raises(WireError, match="expected a J record, got F"):
+        wire.peek_joined(_record(b"F", _frame_header(), JPEG))
+    with pytest.raises(WireError, match="status must be"):
+        wire.peek_joined(_record(b"J", _frame_header(status="lost"), JPEG))
 
 
 # --- nonsense values are refused with the field's name -----------------------------------------
