@@ -21,12 +21,13 @@ There are no per-key timers or objects: the window's on-disk index drives expiry
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from faust.types import TP
+from faust.types import TP, EventT
 
 from streamapp import wire
 from streamapp.batches import Batch, Batches
@@ -34,6 +35,7 @@ from streamapp.jpeg import CorruptFrame, check_jpeg
 from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress
+from streamapp.units import event_bytes
 from streamapp.wire import Detections, Frame, Joined
 
 if TYPE_CHECKING:
@@ -51,6 +53,14 @@ EXPIRE_AFTER_BATCH_MS = 50
 # A run of batches decided one on top of the other ends at least this often, so that the window
 # is expired and the sweep gets the lock while a backlog drains.
 RUN_MS = 500
+# How long a record is held back for its partner (PartnerHoldBack): when the partner's side is
+# caught up, the partner is due in the next fetch or not at all; when that side has a backlog,
+# it is being read.
+HOLD_CAUGHT_UP_S = 0.05
+HOLD_BEHIND_S = 5.0
+# Kafka keys (camera buckets) whose latest event time read is remembered per side, least recently
+# read forgotten first; about 150 bytes each.
+HOLD_KEYS = 4096
 
 
 class StartOffsets(Protocol):
@@ -206,6 +216,148 @@ class InStep:
         return {"join_input_partitions_paused": len(self.paused), "join_input_pauses_total": self.pauses}
 
 
+@dataclasses.dataclass(slots=True)
+class Held:
+    """A record held back for its partner."""
+
+    event: Any  # the EventT, None once let go
+    sensor_state: Any
+    since: float
+    side: int
+    key: bytes
+    event_ms: int
+    size: int
+    waiting: bool = True
+
+
+class PartnerHoldBack:
+    """Holds a record back from its batch while its partner may still be read soon, so that the
+    two are decided in one batch: a pair completed in one batch is never stored with its payload
+    (no RocksDB write, no changelog record, no second decode of the stored side).
+
+    Each side of a camera bucket (the Kafka key both sides share) is read in event-time order, so
+    a record's partner can still come only while the other side of its bucket has not been read
+    up to the record's event time. When one side runs ahead (small results are fetched thousands
+    at a time, large frames a few), its records wait here for the other side: up to HOLD_BEHIND_S
+    while the other side has a backlog, HOLD_CAUGHT_UP_S while it is caught up (live: the partner
+    comes in the next fetch or not at all). Held records are bounded in bytes; past the bound the
+    oldest go on at once, counted. A record let go without its partner is decided as before: it
+    waits in the window. Holding decides only which batch a record is decided in, never what.
+
+    Each record is looked at when it is taken and when it leaves: held records wait in arrival
+    order per input partition (for the time limits and the bound) and per bucket (for their
+    partner), so a long hold costs nothing per batch."""
+
+    def __init__(self, progress: ReadProgress, max_bytes: int, generation: Callable[[], int]) -> None:
+        self.progress, self.max_bytes, self.generation = progress, max_bytes, generation
+        self.latest: collections.OrderedDict[tuple[int, bytes], int] = collections.OrderedDict()
+        self.by_partition: dict[tuple[int, int], collections.deque[Held]] = {}
+        self.by_key: dict[tuple[int, bytes], collections.deque[Held]] = {}
+        self.held_bytes, self.held_records = 0, 0
+        self.held_generation: int | None = None
+        self.let_go_over_bound = 0
+
+    def holding(self) -> bool:
+        return self.held_records > 0
+
+    def poll_s(self) -> float:
+        return HOLD_CAUGHT_UP_S
+
+    def take(self, taken: Sequence[tuple[EventT, Any]], now: float) -> list[tuple[EventT, Any]]:
+        ready: list[tuple[EventT, Any]] = []
+        if self.held_generation != (generation := self.generation()):
+            self.held_generation = generation
+            ready += self._let_go_all()  # fetched before a rebalance: the batch drops them
+        sides = self.progress.topics
+        for event, sensor_state in taken:
+            message = event.message
+            side, key = sides.get(message.topic), message.key
+            if side is None or not isinstance(key, bytes):
+                ready.append((event, sensor_state))
+                continue
+            event_ms = event_time_ms(message)
+            self._read(side, key, event_ms)
+            ready += self._partners_of(side, key, event_ms)
+            partner = self.latest.get((1 - side, key))
+            if partner is not None and partner >= event_ms:
+                ready.append((event, sensor_state))
+            else:
+                self._hold(Held(event, sensor_state, now, side, key, event_ms, event_bytes(event)), message.partition)
+        ready += self._overdue(now)
+        ready += self._over_bound()
+        return ready
+
+    def _read(self, side: int, key: bytes, event_ms: int) -> None:
+        latest = self.latest.pop((side, key), None)
+        self.latest[(side, key)] = event_ms if latest is None else max(latest, event_ms)
+        if len(self.latest) > HOLD_KEYS:
+            self.latest.popitem(last=False)
+
+    def _hold(self, held: Held, partition: int) -> None:
+        self.by_partition.setdefault((held.side, partition), collections.deque()).append(held)
+        self.by_key.setdefault((held.side, held.key), collections.deque()).append(held)
+        self.held_bytes += held.size
+        self.held_records += 1
+
+    def _let_go(self, held: Held) -> tuple[EventT, Any]:
+        """Out of the hold; its entries in the queues are dropped as they reach the front."""
+        let_go = held.event, held.sensor_state
+        held.waiting, held.event, held.sensor_state = False, None, None
+        self.held_bytes -= held.size
+        self.held_records -= 1
+        return let_go
+
+    def _partners_of(self, side: int, key: bytes, event_ms: int) -> list[tuple[EventT, Any]]:
+        """The held records of the other side of ``key`` read up to ``event_ms``: their partners,
+        if any, have been read."""
+        queue = self.by_key.get((1 - side, key))
+        found = []
+        while queue and (not queue[0].waiting or queue[0].event_ms <= event_ms):
+            held = queue.popleft()
+            if held.waiting:
+                found.append(self._let_go(held))
+        if queue is not None and not queue:
+            del self.by_key[(1 - side, key)]
+        return found
+
+    def _overdue(self, now: float) -> list[tuple[EventT, Any]]:
+        found = []
+        for (side, partition), queue in self.by_partition.items():
+            limit = None
+            while queue and not queue[0].waiting:
+                queue.popleft()
+            while queue:
+                if limit is None:
+                    caught_up = self.progress.caught_up(1 - side, partition)
+                    limit = HOLD_CAUGHT_UP_S if caught_up else HOLD_BEHIND_S
+                if now - queue[0].since < limit:
+                    break
+                held = queue.popleft()
+                if held.waiting:
+                    found.append(self._let_go(held))
+        return found
+
+    def _over_bound(self) -> list[tuple[EventT, Any]]:
+        """Let the oldest held go until the rest fit the byte bound."""
+        found = []
+        while self.held_bytes > self.max_bytes:
+            queue = min((queue for queue in self.by_partition.values() if queue), key=lambda queue: queue[0].since)
+            held = queue.popleft()
+            if held.waiting:
+                found.append(self._let_go(held))
+                self.let_go_over_bound += 1
+        return found
+
+    def _let_go_all(self) -> list[tuple[EventT, Any]]:
+        found = [self._let_go(held) for queue in self.by_partition.values() for held in queue if held.waiting]
+        self.by_partition.clear()
+        self.by_key.clear()
+        return found
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"join_held_bytes": self.held_bytes, "join_held_let_go_over_bound_total": self.let_go_over_bound}
+
+
 @dataclasses.dataclass
 class InFlight:
     """A decided batch whose outputs are on their way: its window writes and its acks wait for them."""
@@ -294,9 +446,11 @@ def register(stage: Stage) -> None:
         clock=now_ms,
     )
     in_step = InStep(app.consumer, progress, joiner.ttl_ms)
+    hold_back = PartnerHoldBack(progress, stage.batch_bytes, generation=lambda: app.consumer_generation_id)
     stage.metrics.add_gauges(joiner.counts.as_metrics)
     stage.metrics.add_gauges(disk.as_metrics)
     stage.metrics.add_gauges(in_step.as_metrics)
+    stage.metrics.add_gauges(hold_back.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
     both_sides = app.topic(frames_topic, results_topic, key_serializer="raw", value_serializer="raw")
 
@@ -356,7 +510,7 @@ def register(stage: Stage) -> None:
 
     @app.agent(both_sides, name="join")
     async def join(stream):
-        batches = Batches(stream, max_bytes=stage.batch_bytes, max_events=MAX_BATCH_EVENTS)
+        batches = Batches(stream, max_bytes=stage.batch_bytes, max_events=MAX_BATCH_EVENTS, hold_back=hold_back)
         run = BatchRun(window.lock, disk.written)
         expired_at = 0
         try:

@@ -13,13 +13,18 @@ stream would run Faust's per-event machinery (an event-loop turn, the processors
 variable) for each record: about 7 % of the join worker's CPU in a backlog drain. What of it
 matters is done here once per record: skipping records fetched before a rebalance, tracking
 each for the commit, and the sensors.
+
+A :class:`HoldBack` may keep events taken for a batch back for a later one (the join holds a
+record until its partner may have been read, so that the two are decided together). Held events
+are taken and tracked, so their offsets do not commit, and are carried into the next batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any, cast
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, cast
 
 from faust import Stream
 from faust.types import ChannelT, EventT
@@ -51,6 +56,21 @@ class Batch:
         return len(self.events)
 
 
+class HoldBack(Protocol):
+    """Keeps some of the events taken for a batch back for a later batch."""
+
+    def take(self, taken: Sequence[tuple[EventT, Any]], now: float) -> list[tuple[EventT, Any]]:
+        """Events just taken, with their sensor states, oldest first: those to decide now, among
+        them and those held before (``now``: monotonic seconds)."""
+
+    def holding(self) -> bool:
+        """Whether any event is held."""
+
+    def poll_s(self) -> float:
+        """How long the stream may wait for input while events are held: held events are looked
+        at again this often."""
+
+
 def ack(stream: Stream, event: EventT, sensor_state: Any) -> None:
     message = event.message
     last = event.ack()
@@ -62,8 +82,8 @@ def ack(stream: Stream, event: EventT, sensor_state: Any) -> None:
 class _BufferedEvents:
     """The stream's side of its channel's buffer: takes events as Faust's stream would."""
 
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
+    def __init__(self, stream: Stream, hold_back: HoldBack | None = None) -> None:
+        self.stream, self.hold_back = stream, hold_back
         # Subscribes: from now on the conductor fills this channel's buffer.
         self.queue = cast(ChannelT, aiter(stream.channel)).queue
         app = stream.app
@@ -81,6 +101,8 @@ class _BufferedEvents:
             taking = self.queue.get()
             # Shielded: Faust cancels what did not finish first, and ``until`` is not its to cancel.
             waits = (taking,) if until is None else (taking, asyncio.shield(until))
+            if self.holding():
+                timeout_s = min(timeout_s, cast(HoldBack, self.hold_back).poll_s())
             try:
                 waited = await self.stream.wait_first(*waits, timeout=timeout_s)
             except StopAsyncIteration:  # raised inside this generator it would become a RuntimeError
@@ -97,9 +119,22 @@ class _BufferedEvents:
             self._take(queue.get_nowait())
         return batch.bytes >= max_bytes or len(batch) >= max_events
 
+    def holding(self) -> bool:
+        return self.hold_back is not None and self.hold_back.holding()
+
     def take_batch(self) -> Batch:
+        """The events taken so far and those held before, less those the hold-back keeps."""
         batch, self.batch = self.batch, Batch(self.stream)
-        return batch
+        if self.hold_back is None:
+            return batch
+        ready = Batch(self.stream)
+        taken = list(zip(batch.events, batch.sensor_states, strict=True))
+        for event, sensor_state in self.hold_back.take(taken, time.monotonic()):
+            if self.app.flow_control.is_active() and event.message.generation_id == self.app.consumer_generation_id:
+                ready.add(event, sensor_state)
+            else:  # held over a rebalance: read again from the committed offset
+                ack(self.stream, event, sensor_state)
+        return ready
 
     def _take(self, event: EventT) -> None:
         message, app, stream = event.message, self.app, self.stream
@@ -116,10 +151,10 @@ class Batches:
     """Batches of a stream; between two, the consumer may wait for input with a deadline."""
 
     def __init__(self, stream: Stream, *, max_bytes: int, max_events: int, linger_s: float = 0.005,
-                 idle_s: float = 1.0) -> None:
+                 idle_s: float = 1.0, hold_back: HoldBack | None = None) -> None:
         self.stream, self.max_bytes, self.max_events = stream, max_bytes, max_events
         self.linger_s, self.idle_s = linger_s, idle_s
-        self.events = _BufferedEvents(stream)
+        self.events = _BufferedEvents(stream, hold_back)
 
     async def input_before(self, until: asyncio.Future) -> bool:
         """Whether input for the next batch arrived before ``until`` was done."""
@@ -133,5 +168,7 @@ class Batches:
             if not events.fill(self.max_bytes, self.max_events) and events.batch.events:
                 await asyncio.sleep(self.linger_s)  # what arrives meanwhile joins this batch
                 events.fill(self.max_bytes, self.max_events)
-            if events.batch.events:
-                yield events.take_batch()
+            if events.batch.events or events.holding():
+                batch = events.take_batch()
+                if batch.events:
+                    yield batch

@@ -71,6 +71,9 @@ HELP: dict[str, str] = {
     "join_oldest_pending_age_seconds": "How long the oldest waiting frame or result has waited.",
     "join_next_expiry_seconds": "Time until the next entry of the join window is due.",
     "join_input_partitions_paused": "Join input partitions paused for reading more than a TTL ahead of their partner.",
+    "join_held_bytes": "Bytes of join input records held back for their partner, to be decided in one batch with it.",
+    "join_held_let_go_over_bound_total":
+        "Records let go without their partner because the held records reached their byte bound.",
     "join_input_pauses_total": "Times a join input partition was paused for being ahead of its partner.",
     "rocksdb_disk_bytes": "Bytes of the join window's RocksDB files on disk.",
     "rocksdb_memory_bytes": "Bytes of RocksDB's shared block cache and memtables.",

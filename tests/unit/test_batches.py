@@ -160,3 +160,62 @@ def test_batches_end_when_the_agent_was_told_to_stop_while_it_waited_between_bat
         await _ends(batches.__anext__())
 
     asyncio.run(scenario())
+
+
+class HoldFirstUntilLetGo:
+    """A hold-back that keeps the first event it sees until told to let it go."""
+
+    def __init__(self) -> None:
+        self.held: list = []
+        self.let_go = False
+        self.seen = 0
+
+    def take(self, taken, now):
+        taken = list(taken)
+        if not self.seen and taken:
+            self.held.append(taken.pop(0))
+        self.seen += len(taken) + len(self.held)
+        if self.let_go:
+            taken, self.held = self.held + taken, []
+        return taken
+
+    def holding(self) -> bool:
+        return bool(self.held)
+
+    def poll_s(self) -> float:
+        return 0.01
+
+
+def test_a_held_event_comes_in_a_later_batch_even_with_no_new_input_and_is_acked_with_it():
+    async def scenario():
+        hold = HoldFirstUntilLetGo()
+        app, channel, batches, first = await _started(hold_back=hold, idle_s=10.0)
+        events = await _put(app, channel, 3)
+        batch = await asyncio.wait_for(first, 2)
+        assert batch.events == events[1:]
+        batch.ack()
+        assert not events[0].message.acked  # held: its offset does not commit
+        hold.let_go = True
+        later = await asyncio.wait_for(batches.__anext__(), 2)  # woken by the poll, not by input
+        assert later.events == events[:1]
+        later.ack()
+        assert events[0].message.acked
+        await batches.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_an_event_held_over_a_rebalance_is_acked_and_skipped():
+    async def scenario():
+        hold = HoldFirstUntilLetGo()
+        app, channel, batches, first = await _started(hold_back=hold)
+        events = await _put(app, channel, 2)
+        assert (await asyncio.wait_for(first, 2)).events == events[1:]
+        app.consumer_generation_id += 1
+        hold.let_go = True
+        arriving = await _put(app, channel, 1)
+        assert (await asyncio.wait_for(batches.__anext__(), 2)).events == arriving
+        assert events[0].message.acked
+        await batches.aclose()
+
+    asyncio.run(scenario())
