@@ -55,7 +55,8 @@ WARMUP_FRACTION = 0.1
 
 
 SYSTEMS = ("copy", "kstreams", "streamapp")
-DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0, 2250.0, 2700.0, 3150.0, 3600.0)
+DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0, 2250.0, 2700.0, 3150.0, 3600.0,
+                 4050.0)
 
 
 @dataclasses.dataclass(frozen=True)
