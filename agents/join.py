@@ -14,7 +14,8 @@ the next batch's input arrives before those outputs are acknowledged, it is deci
 one on its way (:class:`BatchRun`). The sweep and the batches hold one lock, so a frame is never
 both joined and expired. Both sides of a partition are read in step: a side more than a TTL ahead
 of the other in event time is paused until the other catches up, so pending state while a
-backlog drains is as small as live.
+backlog drains is as small as live; within that, a record whose partner may still be read soon
+is held back from its batch (:class:`PartnerHoldBack`), so that the two are decided together.
 There are no per-key timers or objects: the window's on-disk index drives expiry (R8).
 """
 
@@ -220,14 +221,12 @@ class InStep:
 class Held:
     """A record held back for its partner."""
 
-    event: Any  # the EventT, None once let go
+    event: EventT
     sensor_state: Any
     since: float
-    side: int
     key: bytes
     event_ms: int
     size: int
-    waiting: bool = True
 
 
 class PartnerHoldBack:
@@ -242,17 +241,17 @@ class PartnerHoldBack:
     while the other side has a backlog, HOLD_CAUGHT_UP_S while it is caught up (live: the partner
     comes in the next fetch or not at all). Held records are bounded in bytes; past the bound the
     oldest go on at once, counted. A record let go without its partner is decided as before: it
-    waits in the window. Holding decides only which batch a record is decided in, never what.
+    waits in the window.
 
-    Each record is looked at when it is taken and when it leaves: held records wait in arrival
-    order per input partition (for the time limits and the bound) and per bucket (for their
-    partner), so a long hold costs nothing per batch."""
+    A record never overtakes an earlier one of its input partition: holding the head of a
+    partition is the same as reading that partition later, which the expiry rule already makes
+    safe (nothing counts as read past a held record). So holding decides only which batch a record
+    is decided in, never what is decided."""
 
     def __init__(self, progress: ReadProgress, max_bytes: int, generation: Callable[[], int]) -> None:
         self.progress, self.max_bytes, self.generation = progress, max_bytes, generation
         self.latest: collections.OrderedDict[tuple[int, bytes], int] = collections.OrderedDict()
-        self.by_partition: dict[tuple[int, int], collections.deque[Held]] = {}
-        self.by_key: dict[tuple[int, bytes], collections.deque[Held]] = {}
+        self.queues: dict[tuple[int, int], collections.deque[Held]] = {}  # (side, partition), read order
         self.held_bytes, self.held_records = 0, 0
         self.held_generation: int | None = None
         self.let_go_over_bound = 0
@@ -277,13 +276,12 @@ class PartnerHoldBack:
                 continue
             event_ms = event_time_ms(message)
             self._read(side, key, event_ms)
-            ready += self._partners_of(side, key, event_ms)
-            partner = self.latest.get((1 - side, key))
-            if partner is not None and partner >= event_ms:
-                ready.append((event, sensor_state))
-            else:
-                self._hold(Held(event, sensor_state, now, side, key, event_ms, event_bytes(event)), message.partition)
-        ready += self._overdue(now)
+            self.queues.setdefault((side, message.partition), collections.deque()).append(
+                Held(event, sensor_state, now, key, event_ms, event_bytes(event)))
+            self.held_bytes += event_bytes(event)
+            self.held_records += 1
+        for (side, partition), queue in self.queues.items():
+            ready += self._heads_ready(side, partition, queue, now)
         ready += self._over_bound()
         return ready
 
@@ -293,65 +291,39 @@ class PartnerHoldBack:
         if len(self.latest) > HOLD_KEYS:
             self.latest.popitem(last=False)
 
-    def _hold(self, held: Held, partition: int) -> None:
-        self.by_partition.setdefault((held.side, partition), collections.deque()).append(held)
-        self.by_key.setdefault((held.side, held.key), collections.deque()).append(held)
-        self.held_bytes += held.size
-        self.held_records += 1
+    def _heads_ready(self, side: int, partition: int, queue: collections.deque[Held],
+                     now: float) -> list[tuple[EventT, Any]]:
+        """Let go, in read order, the records whose partner's side has been read up to them, or
+        that have waited their time."""
+        found, limit = [], None
+        while queue:
+            head = queue[0]
+            partner = self.latest.get((1 - side, head.key))
+            if partner is None or partner < head.event_ms:
+                if limit is None:
+                    limit = HOLD_CAUGHT_UP_S if self.progress.caught_up(1 - side, partition) else HOLD_BEHIND_S
+                if now - head.since < limit:
+                    break
+            found.append(self._let_go(queue.popleft()))
+        return found
 
     def _let_go(self, held: Held) -> tuple[EventT, Any]:
-        """Out of the hold; its entries in the queues are dropped as they reach the front."""
-        let_go = held.event, held.sensor_state
-        held.waiting, held.event, held.sensor_state = False, None, None
         self.held_bytes -= held.size
         self.held_records -= 1
-        return let_go
-
-    def _partners_of(self, side: int, key: bytes, event_ms: int) -> list[tuple[EventT, Any]]:
-        """The held records of the other side of ``key`` read up to ``event_ms``: their partners,
-        if any, have been read."""
-        queue = self.by_key.get((1 - side, key))
-        found = []
-        while queue and (not queue[0].waiting or queue[0].event_ms <= event_ms):
-            held = queue.popleft()
-            if held.waiting:
-                found.append(self._let_go(held))
-        if queue is not None and not queue:
-            del self.by_key[(1 - side, key)]
-        return found
-
-    def _overdue(self, now: float) -> list[tuple[EventT, Any]]:
-        found = []
-        for (side, partition), queue in self.by_partition.items():
-            limit = None
-            while queue and not queue[0].waiting:
-                queue.popleft()
-            while queue:
-                if limit is None:
-                    caught_up = self.progress.caught_up(1 - side, partition)
-                    limit = HOLD_CAUGHT_UP_S if caught_up else HOLD_BEHIND_S
-                if now - queue[0].since < limit:
-                    break
-                held = queue.popleft()
-                if held.waiting:
-                    found.append(self._let_go(held))
-        return found
+        return held.event, held.sensor_state
 
     def _over_bound(self) -> list[tuple[EventT, Any]]:
         """Let the oldest held go until the rest fit the byte bound."""
         found = []
         while self.held_bytes > self.max_bytes:
-            queue = min((queue for queue in self.by_partition.values() if queue), key=lambda queue: queue[0].since)
-            held = queue.popleft()
-            if held.waiting:
-                found.append(self._let_go(held))
-                self.let_go_over_bound += 1
+            queue = min((queue for queue in self.queues.values() if queue), key=lambda queue: queue[0].since)
+            found.append(self._let_go(queue.popleft()))
+            self.let_go_over_bound += 1
         return found
 
     def _let_go_all(self) -> list[tuple[EventT, Any]]:
-        found = [self._let_go(held) for queue in self.by_partition.values() for held in queue if held.waiting]
-        self.by_partition.clear()
-        self.by_key.clear()
+        found = [self._let_go(held) for queue in self.queues.values() for held in queue]
+        self.queues.clear()
         return found
 
     def as_metrics(self) -> dict[str, float]:

@@ -29,55 +29,65 @@ class Source:
                                   timestamp=(T0 + index * 10) / 1000)
         return SimpleNamespace(message=message, name=f"{topic[0]}{index}")
 
-    def take(self, *records, now: float = 0.0) -> list[str]:
-        return [event.name for event, state in self.hold.take([(record, None) for record in records], now)]
+    def take(self, *records, now: float = 0.0) -> set[str]:
+        return {event.name for event, state in self.hold.take([(record, None) for record in records], now)}
 
 
 def test_a_result_ahead_waits_for_its_frame_and_both_leave_together():
     source = Source()
     source.end[FRAMES] = 10  # frames have a backlog: results read ahead wait for them
-    assert source.take(source.record(RESULTS, 0), source.record(RESULTS, 1)) == []
-    assert source.take(source.record(FRAMES, 0), now=1.0) == ["r0", "f0"]
-    assert source.take(source.record(FRAMES, 1), now=2.0) == ["r1", "f1"]
+    assert source.take(source.record(RESULTS, 0), source.record(RESULTS, 1)) == set()
+    assert source.take(source.record(FRAMES, 0), now=1.0) == {"r0", "f0"}
+    assert source.take(source.record(FRAMES, 1), now=2.0) == {"r1", "f1"}
     assert not source.hold.holding()
 
 
 def test_a_frame_ahead_waits_for_its_result():
     source = Source()
     source.end[RESULTS] = 10
-    assert source.take(source.record(FRAMES, 0), source.record(FRAMES, 1)) == []
-    assert source.take(source.record(RESULTS, 0)) == ["f0", "r0"]
+    assert source.take(source.record(FRAMES, 0), source.record(FRAMES, 1)) == set()
+    assert source.take(source.record(RESULTS, 0)) == {"f0", "r0"}
     assert source.hold.holding()  # f1 still waits for r1
 
 
 def test_a_record_whose_partner_side_is_read_past_it_leaves_at_once():
     source = Source()
-    assert source.take(source.record(FRAMES, 5)) == []  # results caught up: f5 waits a moment
-    assert source.take(source.record(RESULTS, 3)) == ["r3"]  # frames were read past 3
-    assert source.take(source.record(RESULTS, 5)) == ["f5", "r5"]
+    assert source.take(source.record(FRAMES, 5)) == set()  # results caught up: f5 waits a moment
+    assert source.take(source.record(RESULTS, 3)) == {"r3"}  # frames were read past 3
+    assert source.take(source.record(RESULTS, 5)) == {"f5", "r5"}
 
 
 def test_records_of_other_buckets_are_not_partners():
     source = Source()
     source.end[FRAMES] = 10
-    assert source.take(source.record(RESULTS, 0, key=b"cam:1:0")) == []
-    assert source.take(source.record(FRAMES, 9, key=b"cam:1:1")) == []
-    assert source.take(source.record(FRAMES, 0, key=b"cam:1:0")) == ["r0", "f0"]
+    assert source.take(source.record(RESULTS, 0, key=b"cam:1:0")) == set()
+    assert source.take(source.record(RESULTS, 9, key=b"cam:1:1")) == set()
+    assert source.take(source.record(FRAMES, 9, key=b"cam:1:1")) == {"f9"}  # r9 waits behind r0
+    assert source.take(source.record(FRAMES, 0, key=b"cam:1:0")) == {"r0", "r9", "f0"}
+
+
+def test_a_record_never_overtakes_an_earlier_one_of_its_partition():
+    """Nothing counts as read past a held record, so it cannot be expired early by its partner."""
+    source = Source()
+    source.end[RESULTS] = 10
+    assert source.take(source.record(FRAMES, 0, key=b"cam:1:0"), source.record(FRAMES, 7, key=b"cam:1:1")) == set()
+    assert source.take(source.record(RESULTS, 7, key=b"cam:1:1")) == {"r7"}  # f7 stays behind f0
+    assert source.take(source.record(RESULTS, 0, key=b"cam:1:0")) == {"f0", "r0", "f7"}
 
 
 def test_with_the_partner_side_caught_up_a_record_waits_only_a_moment():
     source = Source()
-    assert source.take(source.record(FRAMES, 0), now=0.0) == []
-    assert source.take(now=HOLD_CAUGHT_UP_S / 2) == []
-    assert source.take(now=HOLD_CAUGHT_UP_S) == ["f0"]  # its result is dropped upstream: decided alone
+    assert source.take(source.record(FRAMES, 0), now=0.0) == set()
+    assert source.take(now=HOLD_CAUGHT_UP_S / 2) == set()
+    assert source.take(now=HOLD_CAUGHT_UP_S) == {"f0"}  # its result is dropped upstream: decided alone
 
 
 def test_with_the_partner_side_behind_a_record_waits_longer_but_not_for_ever():
     source = Source()
     source.end[RESULTS] = 10
-    assert source.take(source.record(FRAMES, 0), now=0.0) == []
-    assert source.take(now=HOLD_CAUGHT_UP_S * 4) == []
-    assert source.take(now=HOLD_BEHIND_S) == ["f0"]
+    assert source.take(source.record(FRAMES, 0), now=0.0) == set()
+    assert source.take(now=HOLD_CAUGHT_UP_S * 4) == set()
+    assert source.take(now=HOLD_BEHIND_S) == {"f0"}
 
 
 def test_past_the_byte_bound_the_oldest_go_on_counted():
@@ -85,20 +95,20 @@ def test_past_the_byte_bound_the_oldest_go_on_counted():
     source = Source(max_bytes=int(2.5 * record_bytes))
     source.end[FRAMES] = 10
     records = [source.record(RESULTS, index, size=100) for index in range(4)]
-    assert source.take(*records) == ["r0", "r1"]
+    assert source.take(*records) == {"r0", "r1"}
     assert source.hold.as_metrics() == {"join_held_bytes": 2 * record_bytes, "join_held_let_go_over_bound_total": 2}
 
 
 def test_records_held_over_a_rebalance_are_let_go():
     source = Source()
     source.end[FRAMES] = 10
-    assert source.take(source.record(RESULTS, 0), source.record(RESULTS, 1)) == []
+    assert source.take(source.record(RESULTS, 0), source.record(RESULTS, 1)) == set()
     source.generation = 2
-    assert source.take() == ["r0", "r1"]  # the batch acks them: read again from the committed offset
+    assert source.take() == {"r0", "r1"}  # the batch acks them: read again from the committed offset
     assert not source.hold.holding()
 
 
 def test_records_without_a_bucket_key_are_never_held():
     source = Source()
     source.end[RESULTS] = 10
-    assert source.take(source.record(FRAMES, 0, key=None)) == ["f0"]
+    assert source.take(source.record(FRAMES, 0, key=None)) == {"f0"}
