@@ -27,18 +27,19 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol, cast
 
 from faust import Stream
-from faust.types import ChannelT, EventT
+from faust.types import ChannelT, EventT, Message
 
 from streamapp.units import event_bytes
 
 
 class Batch:
-    """Events taken at once, and Faust's sensors' state for each, until they are acked."""
+    """Events taken at once, and Faust's sensors' state for them, until they are acked."""
 
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
+    def __init__(self, stream: Stream, sensors: Sensors) -> None:
+        self.stream, self.sensors = stream, sensors
         self.events: list[EventT] = []
-        self.sensor_states: list[Any] = []  # Faust's sensors' per-event state, for the same event out
+        self.sensor_states: list[Any] = []  # per event (PerEventSensors), for the same event out
+        self.time_in: float | None = None  # the batch's (BatchSensors)
         self.bytes = 0
 
     def add(self, event: EventT, sensor_state: Any) -> None:
@@ -48,12 +49,85 @@ class Batch:
 
     def ack(self) -> None:
         """Done with every event: their offsets may commit."""
-        for event, state in zip(self.events, self.sensor_states, strict=True):
-            ack(self.stream, event, state)
+        self.sensors.events_out(self)
         self.sensor_states = []
 
     def __len__(self) -> int:
         return len(self.events)
+
+
+class BatchMonitor(Protocol):
+    """A Faust sensor that also counts a batch of events at once (streamapp.worker.metrics)."""
+
+    def on_events_in(self, stream: Stream, events: int, messages: Sequence[Message]) -> float: ...
+
+    def on_events_out(self, stream: Stream, events: int, time_in: float, finished: Sequence[Message]) -> None: ...
+
+
+class PerEventSensors:
+    """Faust's sensors, called for each event as Faust's stream would."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream, self.consumer = stream, stream.app.consumer
+
+    def track(self, message: Message) -> None:
+        self.consumer.track_message(message)
+
+    def event_in(self, event: EventT) -> Any:
+        message = event.message
+        return self.stream._on_stream_event_in(message.tp, message.offset, self.stream, event)
+
+    def batch_in(self, batch: Batch) -> None:
+        """Each event was counted as it was taken."""
+
+    def events_out(self, batch: Batch) -> None:
+        for event, state in zip(batch.events, batch.sensor_states, strict=True):
+            ack(self.stream, event, state)
+
+    def drop(self, event: EventT) -> None:
+        """Ack an event never taken into a batch."""
+        ack(self.stream, event, None)
+
+
+class BatchSensors:
+    """The worker's monitor, when it is the only sensor: one call per batch in and one out instead
+    of four per event (with the Prometheus families, a tenth of the join worker's CPU at 3,000
+    pairs/s). The counts are the same; an event's runtime is its batch's."""
+
+    def __init__(self, stream: Stream, monitor: BatchMonitor) -> None:
+        self.stream, self.monitor, self.consumer = stream, monitor, stream.app.consumer
+
+    def track(self, message: Message) -> None:
+        # What Consumer.track_message does but its sensor call, made per batch in batch_in.
+        cast(Any, self.consumer)._unacked_messages.add(message)
+
+    def event_in(self, event: EventT) -> Any:
+        return None
+
+    def batch_in(self, batch: Batch) -> None:
+        tracked = [event.message for event in batch.events if event.message.tracked]
+        batch.time_in = self.monitor.on_events_in(self.stream, len(batch.events), tracked)
+
+    def events_out(self, batch: Batch) -> None:
+        finished = [event.message for event in batch.events if event.ack()]
+        if batch.time_in is not None:  # else never counted in (let go before it was decided)
+            self.monitor.on_events_out(self.stream, len(batch.events), batch.time_in, finished)
+
+    def drop(self, event: EventT) -> None:
+        """Ack an event never taken into a batch, and so never counted in."""
+        event.ack()
+
+
+Sensors = PerEventSensors | BatchSensors
+
+
+def sensors_for(stream: Stream) -> Sensors:
+    app = stream.app
+    monitor = app.monitor
+    # The app registers its monitor as a sensor when it starts.
+    if hasattr(monitor, "on_events_in") and all(sensor is monitor for sensor in app.sensors):
+        return BatchSensors(stream, cast(BatchMonitor, monitor))
+    return PerEventSensors(stream)
 
 
 class HoldBack(Protocol):
@@ -87,8 +161,9 @@ class _BufferedEvents:
         # Subscribes: from now on the conductor fills this channel's buffer.
         self.queue = cast(ChannelT, aiter(stream.channel)).queue
         app = stream.app
-        self.app, self.consumer, self.acking_topics = app, app.consumer, app.topics.acking_topics
-        self.batch = Batch(stream)
+        self.app, self.acking_topics = app, app.topics.acking_topics
+        self.sensors = sensors_for(stream)
+        self.batch = Batch(stream, self.sensors)
         self.stopped = False
 
     async def wait(self, timeout_s: float, until: asyncio.Future | None = None) -> bool:
@@ -124,27 +199,32 @@ class _BufferedEvents:
 
     def take_batch(self) -> Batch:
         """The events taken so far and those held before, less those the hold-back keeps."""
-        batch, self.batch = self.batch, Batch(self.stream)
-        if self.hold_back is None:
-            return batch
-        ready = Batch(self.stream)
+        batch, self.batch = self.batch, Batch(self.stream, self.sensors)
+        if self.hold_back is not None:
+            batch = self._ready(batch)
+        if batch.events:
+            self.sensors.batch_in(batch)
+        return batch
+
+    def _ready(self, batch: Batch) -> Batch:
+        ready, stale = Batch(self.stream, self.sensors), Batch(self.stream, self.sensors)
         taken = list(zip(batch.events, batch.sensor_states, strict=True))
-        for event, sensor_state in self.hold_back.take(taken, time.monotonic()):
-            if self.app.flow_control.is_active() and event.message.generation_id == self.app.consumer_generation_id:
-                ready.add(event, sensor_state)
-            else:  # held over a rebalance: read again from the committed offset
-                ack(self.stream, event, sensor_state)
+        for event, sensor_state in cast(HoldBack, self.hold_back).take(taken, time.monotonic()):
+            current = event.message.generation_id == self.app.consumer_generation_id
+            # Held over a rebalance: read again from the committed offset.
+            (ready if current and self.app.flow_control.is_active() else stale).add(event, sensor_state)
+        stale.ack()
         return ready
 
     def _take(self, event: EventT) -> None:
-        message, app, stream = event.message, self.app, self.stream
+        message, app = event.message, self.app
         if not app.flow_control.is_active() or message.generation_id != app.consumer_generation_id:
-            ack(stream, event, None)  # fetched before a rebalance: read again from the committed offset
+            self.sensors.drop(event)  # fetched before a rebalance: read again from the committed offset
             return
         if message.topic in self.acking_topics and not message.tracked:
             message.tracked = True
-            self.consumer.track_message(message)
-        self.batch.add(event, stream._on_stream_event_in(message.tp, message.offset, stream, event))
+            self.sensors.track(message)
+        self.batch.add(event, self.sensors.event_in(event))
 
 
 class Batches:

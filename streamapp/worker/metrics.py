@@ -15,12 +15,13 @@ process itself (RSS, gc); histograms are named in seconds and built here.
 from __future__ import annotations
 
 import gc
+import itertools
 import re
 import resource
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from faust.exceptions import ConsumerNotStarted
@@ -249,12 +250,76 @@ class LeanPrometheusMonitor(PrometheusMonitor):
         metrics = self._metrics
         metrics.total_events.inc()
         metrics.total_active_events.inc()
+        self._stream_child(stream).inc()
+        return state
+
+    def on_events_in(self, stream, events: int, messages: Sequence[Any]) -> float:
+        """What :meth:`on_stream_event_in` does for ``events`` events taken by ``stream`` as one
+        batch (streamapp.batches), and :meth:`on_message_in` for the ``messages`` tracked among
+        them, each family touched once per topic-partition. Returns the batch's time in, for
+        :meth:`on_events_out`."""
+        now, count, metrics = self.time(), len(messages), self._metrics
+        per_tp: dict[TP, list[int]] = {}  # [records, last offset]
+        for message in messages:
+            message.time_in = now
+            seen = per_tp.get(message.tp)
+            if seen is None:
+                per_tp[message.tp] = [1, message.offset]
+            else:
+                seen[0] += 1
+                seen[1] = message.offset
+        inbound = time.monotonic()
+        for tp, (records, offset) in per_tp.items():
+            self.messages_received_by_topic[tp.topic] += records
+            self.tp_read_offsets[tp] = offset
+            self.stream_inbound_time[tp] = inbound
+            self._child(metrics.messages_received_per_topics, tp.topic).inc(records)
+            self._child(metrics.messages_received_per_topics_partition, tp.topic, tp.partition).set(offset)
+        self.messages_received_total += count
+        self.messages_active += count
+        self.events_total += events
+        self.events_active += events
+        self.events_by_stream[self._lookup(self.stream_lookup, stream)] += events
+        self.events_by_task[self._lookup(self.task_lookup, stream.task_owner)] += events
+        metrics.messages_received.inc(count)
+        metrics.active_messages.inc(count)
+        metrics.total_events.inc(events)
+        metrics.total_active_events.inc(events)
+        self._stream_child(stream).inc(events)
+        return now
+
+    def on_events_out(self, stream, events: int, time_in: float, finished: Sequence[Any]) -> None:
+        """What :meth:`on_stream_event_out` does for ``events`` events of a batch taken at
+        ``time_in``, and :meth:`on_message_out` for the ``finished`` messages (fully acked)."""
+        now, metrics = self.time(), self._metrics
+        runtime = now - time_in
+        self.events_active -= events
+        self.events_runtime.extend(itertools.repeat(runtime, min(events, self.max_avg_history)))
+        metrics.total_active_events.dec(events)
+        latency_ms = self.secs_to_ms(runtime)
+        for _ in range(events):
+            metrics.events_runtime_latency.observe(latency_ms)
+        for message in finished:
+            message.time_out = now
+            if message.time_in is not None:
+                message.time_total = now - message.time_in
+        self.messages_active -= len(finished)
+        metrics.active_messages.dec(len(finished))
+
+    @staticmethod
+    def _lookup(names: MutableMapping[Any, str], owner) -> str:
+        """Faust's monitor renders a stream or task as a string once and keeps it."""
+        name = names.get(owner)
+        if name is None:
+            name = names[owner] = str(owner)
+        return name
+
+    def _stream_child(self, stream):
         child = self._stream_events.get(stream)
         if child is None:
-            child = self._stream_events[stream] = metrics.total_events_per_stream.labels(
+            child = self._stream_events[stream] = self._metrics.total_events_per_stream.labels(
                 stream=f"stream.{self._stream_label(stream)}.events")
-        child.inc()
-        return state
+        return child
 
     def on_send_initiated(self, producer, topic: str, message, keysize: int, valsize: int):
         self._child(self._metrics.topic_messages_sent, f"topic.{topic}").inc()

@@ -7,7 +7,8 @@ import asyncio
 import faust
 from faust.types import Message
 
-from streamapp.batches import Batches
+from streamapp.batches import Batches, BatchSensors
+from streamapp.worker.metrics import Metrics, faust_monitor
 
 VALUE = b"v" * 100
 
@@ -216,6 +217,28 @@ def test_an_event_held_over_a_rebalance_is_acked_and_skipped():
         arriving = await _put(app, channel, 1)
         assert (await asyncio.wait_for(batches.__anext__(), 2)).events == arriving
         assert events[0].message.acked
+        await batches.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_with_the_worker_s_monitor_sensors_count_each_batch_at_once():
+    async def scenario():
+        app = _app()
+        app.monitor = faust_monitor(Metrics().registry)  # the worker's: it counts a batch at once
+        channel = app.channel()
+        source = Batches(app.stream(channel), max_bytes=10**6, max_events=3, linger_s=0.001, idle_s=0.05)
+        assert isinstance(source.events.sensors, BatchSensors)
+        batches = aiter(source)
+        events = await _put(app, channel, 5)
+        first = await asyncio.wait_for(batches.__anext__(), 2)
+        assert app.monitor.events_total == app.monitor.events_active == 3
+        first.ack()
+        second = await asyncio.wait_for(batches.__anext__(), 2)
+        second.ack()
+        assert all(event.message.acked for event in events)
+        assert (app.monitor.events_total, app.monitor.events_active) == (5, 0)
+        assert len(app.monitor.events_runtime) == 5
         await batches.aclose()
 
     asyncio.run(scenario())

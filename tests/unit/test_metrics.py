@@ -154,6 +154,41 @@ def test_faust_sensor_per_record_hooks_give_what_faust_s_own_sensor_gives():
     assert _faust_counts(ours.prometheus_text()) == expected
 
 
+class _BatchMessage:
+    time_in = None
+
+    def __init__(self, tp: TP, offset: int) -> None:
+        self.tp, self.offset = tp, offset
+
+
+def _feed_batch_hooks(monitor) -> None:
+    """The same records as _feed_per_record_hooks, counted one batch per offset."""
+    stream = _Stream()
+    for offset in range(3):
+        tps = (TP("frames", 1), TP("detections", 1), TP("frames", 2))
+        messages = [_BatchMessage(tp, offset) for tp in tps]
+        time_in = monitor.on_events_in(stream, len(messages), messages)
+        monitor.on_events_out(stream, len(messages), time_in, messages)
+        assert all(message.time_total is not None for message in messages)
+        for tp in tps:
+            monitor.track_tp_end_offset(tp, offset + 10)
+            sent = monitor.on_send_initiated(None, "joined", None, 1, 2)
+            monitor.on_send_completed(None, sent, None)
+
+
+def test_faust_sensor_batch_hooks_count_what_its_per_record_hooks_count():
+    per_record, per_batch = Metrics(), Metrics()
+    record_monitor, batch_monitor = faust_monitor(per_record.registry), faust_monitor(per_batch.registry)
+    _feed_per_record_hooks(record_monitor)
+    _feed_batch_hooks(batch_monitor)
+    assert _faust_counts(per_batch.prometheus_text()) == _faust_counts(per_record.prometheus_text())
+    for name in ("messages_received_total", "messages_active", "events_total", "events_active",
+                 "messages_received_by_topic", "tp_read_offsets"):
+        assert getattr(batch_monitor, name) == getattr(record_monitor, name), name
+    assert list(batch_monitor.events_by_stream.values()) == list(record_monitor.events_by_stream.values()) == [9]
+    assert len(batch_monitor.events_runtime) == len(record_monitor.events_runtime) == 9
+
+
 def test_each_metrics_has_its_own_registry():
     first, second = registry_with_project_metrics(), Metrics()
     faust_monitor(first.registry), faust_monitor(second.registry)
