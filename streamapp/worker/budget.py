@@ -10,8 +10,9 @@ and the next is 3 MB. Here every buffer a record passes through gets a share of
 * consumer fetch: bytes asked per partition per fetch (Kafka still returns one whole record
   that is larger, so frames up to the frame limit always arrive);
 * producer: bytes per batch, and bytes waiting in Faust's send buffer (:class:`SendBufferBytes`);
-* the batches the join holds: the one it is deciding and the one whose outputs are on their way
-  (agents/join.py, streamapp.batches);
+* the batches the join holds: the one it is deciding and the one whose outputs are on their way,
+  plus up to one batch's bytes of records held back for their partners (agents/join.py,
+  streamapp.batches);
 * the rest is headroom for the interpreter and the one decoded image a pixel stage holds.
 
 When a stream buffer is full the worker stops fetching (backpressure), or, with
@@ -49,7 +50,7 @@ class MemoryPlan:
     fetch_bytes_per_partition: int
     producer_batch_bytes: int
     send_buffer_bytes: int
-    batch_bytes: int              # records in one join batch; two are held at once
+    batch_bytes: int              # records in one join batch; two are held at once, and held-back records
 
     @classmethod
     def for_settings(cls, settings: Settings) -> MemoryPlan:
