@@ -274,11 +274,10 @@ class PartnerHoldBack:
             if side is None or not isinstance(key, bytes):
                 ready.append((event, sensor_state))
                 continue
-            event_ms = event_time_ms(message)
-            self._read(side, key, event_ms)
-            self.queues.setdefault((side, message.partition), collections.deque()).append(
-                Held(event, sensor_state, now, key, event_ms, event_bytes(event)))
-            self.held_bytes += event_bytes(event)
+            held = Held(event, sensor_state, now, key, event_time_ms(message), event_bytes(event))
+            self._read(side, key, held.event_ms)
+            self.queues.setdefault((side, message.partition), collections.deque()).append(held)
+            self.held_bytes += held.size
             self.held_records += 1
         for (side, partition), queue in self.queues.items():
             ready += self._heads_ready(side, partition, queue, now)
