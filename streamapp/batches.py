@@ -12,7 +12,7 @@ The batch is taken straight from the stream's buffer, which the conductor fills.
 stream would run Faust's per-event machinery (an event-loop turn, the processors, the context
 variable) for each record: about 7 % of the join worker's CPU in a backlog drain. What of it
 matters is done here once per record: skipping records fetched before a rebalance, tracking
-each for the commit, and the sensors.
+each for the commit, and the sensors (once per batch when the worker's monitor is the only one).
 
 A :class:`HoldBack` may keep events taken for a batch back for a later one (the join holds a
 record until its partner may have been read, so that the two are decided together). Held events
