@@ -25,7 +25,7 @@ import asyncio
 import collections
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from faust.types import TP, EventT
@@ -35,7 +35,7 @@ from streamapp.batches import Batch, Batches
 from streamapp.jpeg import CorruptFrame, check_jpeg
 from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
-from streamapp.tables.progress import ReadProgress
+from streamapp.tables.progress import ReadProgress, remember_latest
 from streamapp.units import event_bytes
 from streamapp.wire import Detections, Frame, Joined
 
@@ -248,23 +248,23 @@ class PartnerHoldBack:
     safe (nothing counts as read past a held record). So holding decides only which batch a record
     is decided in, never what is decided."""
 
-    def __init__(self, progress: ReadProgress, max_bytes: int, generation: Callable[[], int]) -> None:
-        self.progress, self.max_bytes, self.generation = progress, max_bytes, generation
+    def __init__(self, progress: ReadProgress, max_bytes: int) -> None:
+        self.progress, self.max_bytes = progress, max_bytes
         self.latest: collections.OrderedDict[tuple[int, bytes], int] = collections.OrderedDict()
         self.queues: dict[tuple[int, int], collections.deque[Held]] = {}  # (side, partition), read order
-        self.held_bytes, self.held_records = 0, 0
+        self.held_bytes = 0
         self.held_generation: int | None = None
         self.let_go_over_bound = 0
 
     def holding(self) -> bool:
-        return self.held_records > 0
+        return any(self.queues.values())
 
     def poll_s(self) -> float:
         return HOLD_CAUGHT_UP_S
 
     def take(self, taken: Sequence[tuple[EventT, Any]], now: float) -> list[tuple[EventT, Any]]:
         ready: list[tuple[EventT, Any]] = []
-        if self.held_generation != (generation := self.generation()):
+        if self.held_generation != (generation := self.progress.generation()):
             self.held_generation = generation
             ready += self._let_go_all()  # fetched before a rebalance: the batch drops them
         sides = self.progress.topics
@@ -275,20 +275,13 @@ class PartnerHoldBack:
                 ready.append((event, sensor_state))
                 continue
             held = Held(event, sensor_state, now, key, event_time_ms(message), event_bytes(event))
-            self._read(side, key, held.event_ms)
+            remember_latest(self.latest, (side, key), held.event_ms, HOLD_KEYS)
             self.queues.setdefault((side, message.partition), collections.deque()).append(held)
             self.held_bytes += held.size
-            self.held_records += 1
         for (side, partition), queue in self.queues.items():
             ready += self._heads_ready(side, partition, queue, now)
         ready += self._over_bound()
         return ready
-
-    def _read(self, side: int, key: bytes, event_ms: int) -> None:
-        latest = self.latest.pop((side, key), None)
-        self.latest[(side, key)] = event_ms if latest is None else max(latest, event_ms)
-        if len(self.latest) > HOLD_KEYS:
-            self.latest.popitem(last=False)
 
     def _heads_ready(self, side: int, partition: int, queue: collections.deque[Held],
                      now: float) -> list[tuple[EventT, Any]]:
@@ -308,7 +301,6 @@ class PartnerHoldBack:
 
     def _let_go(self, held: Held) -> tuple[EventT, Any]:
         self.held_bytes -= held.size
-        self.held_records -= 1
         return held.event, held.sensor_state
 
     def _over_bound(self) -> list[tuple[EventT, Any]]:
@@ -417,7 +409,7 @@ def register(stage: Stage) -> None:
         clock=now_ms,
     )
     in_step = InStep(app.consumer, progress, joiner.ttl_ms)
-    hold_back = PartnerHoldBack(progress, stage.batch_bytes, generation=lambda: app.consumer_generation_id)
+    hold_back = PartnerHoldBack(progress, stage.batch_bytes)
     stage.metrics.add_gauges(joiner.counts.as_metrics)
     stage.metrics.add_gauges(disk.as_metrics)
     stage.metrics.add_gauges(in_step.as_metrics)

@@ -45,10 +45,7 @@ class SideProgress:
         self.next_offset = offset + 1 if self.next_offset is None else max(self.next_offset, offset + 1)
 
     def observe(self, run: bytes, event_ms: int) -> None:
-        latest = self.event_ms.pop(run, None)
-        self.event_ms[run] = event_ms if latest is None else max(latest, event_ms)
-        if len(self.event_ms) > MAX_RUNS_PER_PARTITION:
-            self.event_ms.popitem(last=False)
+        if remember_latest(self.event_ms, run, event_ms, MAX_RUNS_PER_PARTITION):
             self.forgotten_runs += 1
 
     def read_past(self, run: bytes) -> int | None:
@@ -68,6 +65,17 @@ class SideProgress:
         return now_ms - (self.created_ms if self.caught_up_ms is None else self.caught_up_ms) > BEHIND_AFTER_MS
 
 
+def remember_latest(latest: collections.OrderedDict, key, event_ms: int, limit: int) -> bool:
+    """Keep the latest event time read under ``key``, most recently read last; past ``limit`` keys
+    the least recently read is forgotten (True when one was)."""
+    known = latest.pop(key, None)
+    latest[key] = event_ms if known is None else max(known, event_ms)
+    if len(latest) > limit:
+        latest.popitem(last=False)
+        return True
+    return False
+
+
 # (topic, partition) -> end offset / start offset, as the consumer knows them now.
 OffsetLookup = Callable[[str, int], int | None]
 
@@ -82,6 +90,10 @@ class ReadProgress:
         self._end_offset, self._start_offset, self._generation = end_offset, start_offset, generation
         self._clock = clock
         self._sides: dict[tuple[int, int], SideProgress] = {}
+
+    def generation(self) -> int:
+        """The consumer group generation progress is kept for."""
+        return self._generation()
 
     def side_of(self, topic: str) -> int:
         return self.topics[topic]

@@ -19,7 +19,7 @@ class Source:
         progress = ReadProgress(FRAMES, RESULTS, end_offset=lambda topic, number: self.end[topic],
                                 start_offset=lambda topic, number: 0, generation=lambda: self.generation,
                                 clock=lambda: 0)
-        self.hold = PartnerHoldBack(progress, max_bytes, generation=lambda: self.generation)
+        self.hold = PartnerHoldBack(progress, max_bytes)
         self.offsets = {FRAMES: 0, RESULTS: 0}
 
     def record(self, topic: str, index: int, *, key: bytes | None = b"cam:1:0", size: int = 100):
