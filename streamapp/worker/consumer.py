@@ -10,12 +10,10 @@ first commit leaves its partitions uncommitted, and the survivor lost the record
 from them while taking them over. Here such partitions go back to their first offset, where a
 new consumer of the group starts (``auto_offset_reset=earliest``).
 
-Faust hands each fetched record to its streams by racing the hand-over against the flow being
-suspended, the consumer stopping and the consumer crashing: four tasks and an ``asyncio.wait``
-per record, more CPU than the join's own work on the record. The race matters only when the
-hand-over can wait, and whether it can is known beforehand: it waits only for flow control (a
-rebalance), the conductor's callback lock, a producer buffer over its limit, or a full stream
-buffer. When none holds, the record is handed over directly; otherwise Faust's race runs as before.
+Faust hands each fetched record to its streams through a chain of coroutines, raced against the
+flow being suspended, the consumer stopping and the consumer crashing: more CPU than the join's own
+work on the record. When the hand-over cannot wait, it is done directly
+(:mod:`streamapp.worker.handover`); otherwise Faust's race runs as before.
 
 Faust pauses a partition only in its own books: the fetcher underneath still fetches it, and the
 records fetched are never taken. That is harmless for inputs, which Faust resumes, but the join's
@@ -46,12 +44,12 @@ from typing import cast
 
 from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
-from faust.transport.conductor import Conductor
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from mode import Service
 
+from streamapp.worker.handover import HandOver
 from streamapp.worker.producer import StreamappProducer
 from streamapp.worker.unread import UnreadGaps
 
@@ -174,15 +172,6 @@ class StreamappConsumer(faust_aiokafka.Consumer):
     def deleted_unread_gauges(self) -> dict[str, float]:
         return self.unread_gaps.as_metrics(self.read_from)
 
-    def hand_over_may_wait(self, tp: TP) -> bool:
-        """Whether handing a record of ``tp`` to its streams could suspend (see the module doc)."""
-        app, conductor = self.app, cast(Conductor, self.app.topics)
-        buffer = app.producer.buffer
-        return (not app.flow_control.is_active()
-                or conductor._tp_to_callback_lock.locked()
-                or buffer.size > buffer.max_messages
-                or any(channel.queue.full() for channel in conductor._tp_index.get(tp, ())))
-
     async def _drain_messages(self, fetcher) -> None:
         """Faust's fetch loop (``Consumer._drain_messages``), racing a hand-over against flow
         suspension, stop and crash only when it can wait."""
@@ -190,6 +179,7 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         consumer_stopped, fetcher_stopped = self._stopped.is_set, fetcher._stopped.is_set
         read_offset = self._read_offset
         acks_enabled_for = self.app.topics.acks_enabled_for
+        hand_over = HandOver(self.app)
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 self.diag.set_flag(CONSUMER_FETCHING)
@@ -207,10 +197,11 @@ class StreamappConsumer(faust_aiokafka.Consumer):
                     if self._commit_every is not None and self._n_acked >= self._commit_every:
                         self._n_acked = 0
                         await self.commit()
-                    if self.hand_over_may_wait(tp):
+                    if hand_over.may_wait(tp):
                         await self.wait_first(callback(message), self.suspend_flow.wait())
                     else:
-                        await callback(message)
+                        if not hand_over.now(message):
+                            await callback(message)
                         since_yield += 1
                         if since_yield >= _YIELD_EVERY:
                             await asyncio.sleep(0)

@@ -326,6 +326,8 @@ class LeanPrometheusMonitor(PrometheusMonitor):
         return Monitor.on_send_initiated(self, producer, topic, message, keysize, valsize)
 
     def track_tp_end_offset(self, tp: TP, offset: int) -> None:
+        if self.tp_end_offsets.get(tp) == offset:  # Faust tells it for every record fetched
+            return
         Monitor.track_tp_end_offset(self, tp, offset)
         self._child(self._metrics.topic_partition_end_offset, tp.topic, tp.partition).set(offset)
 
