@@ -6,7 +6,7 @@ from __future__ import annotations
 import cv2
 import pytest
 
-from streamapp.tools.bench.join import Outputs, parse_join_key
+from streamapp.tools.bench.join import Bench, JoinBenchOptions, Outputs, parse_join_key
 from streamapp.tools.bench.join_report import (
     backlog_summary,
     build_report,
@@ -15,6 +15,7 @@ from streamapp.tools.bench.join_report import (
     lag_slope,
     markdown,
     max_sustained,
+    refine_rate,
     step_summary,
 )
 from streamapp.tools.bench.pairs import FRAME, RESULT, Cameras, publish_order
@@ -76,6 +77,39 @@ def test_max_sustained_rate_is_the_top_of_the_sustained_run_and_says_what_ended_
     assert max_sustained([step(150, sustained=False)]) == {"rate": None, "limited_by": "system"}
 
 
+def test_refined_rates_halve_the_gap_between_the_highest_sustained_and_the_lowest_not():
+    def step(rate, sustained=True, offered=True):
+        return {"rate": rate, "sustained": sustained, "offered": offered}
+
+    ladder = [step(2250), step(2700), step(3150), step(3600, sustained=False)]
+    assert refine_rate(ladder) == 3375
+    assert refine_rate([*ladder, step(3375)]) == 3488                    # sustained: the upper half
+    assert refine_rate([*ladder, step(3375, sustained=False)]) == 3262   # not: the lower half
+    assert max_sustained([*ladder, step(3375), step(3488, sustained=False)])["rate"] == 3375
+    assert refine_rate([step(3150), step(3190, sustained=False)]) is None  # within MIN_REFINE_GAP
+    assert refine_rate([step(150, sustained=False)]) is None             # nothing sustained
+    assert refine_rate([step(150), step(300, offered=False)]) is None    # the load ended the run
+    assert refine_rate([step(150), step(300)]) is None                    # every rate sustained
+
+
+def test_the_ladder_stops_at_the_first_rate_not_sustained_then_refines_while_the_system_drains(tmp_path):
+    options = JoinBenchOptions(rates=(150.0, 300.0, 450.0, 600.0), refine_steps=2)
+    bench = Bench.__new__(Bench)
+    bench.options = options
+
+    def run(capacity: float, drains: bool = True) -> list[float]:
+        steps: list[dict] = []
+        for rate in bench.rates_to_try(steps):
+            steps.append({"rate": rate, "offered": True, "sustained": rate <= capacity,
+                          "drained": drains or rate <= capacity})
+        return [step["rate"] for step in steps]
+
+    assert run(capacity=400) == [150, 300, 450, 375, 412]
+    assert run(capacity=1000) == [150, 300, 450, 600]                    # every rate sustained
+    assert run(capacity=400, drains=False) == [150, 300, 450]            # still behind: nothing to refine
+    assert run(capacity=100) == [150]
+
+
 def raw_backlog(**changes):
     samples = [{"t": t, "rss_bytes": 100 + t, "cpu_s": t, "pending_bytes": None if t == 0 else 10 * t,
                 "published": 2000, "out": 0} for t in range(5)]
@@ -96,7 +130,8 @@ def test_backlog_summary():
 
 def sample_report() -> dict:
     steps = [step_summary(raw_step(rate=150.0, pairs=1500, publish_s=10.0), joins=True),
-             step_summary(raw_step(growth=100.0), joins=True)]
+             step_summary(raw_step(growth=100.0), joins=True),
+             step_summary(raw_step(rate=225.0, pairs=2250, publish_s=10.0, joined=2250, out=2250), joins=True)]
     live = {"steps": steps, "max_sustained": max_sustained(steps), "counters": {}}
     systems = {
         "copy": {"label": "plain copy", "pending_measure": None,
@@ -109,7 +144,7 @@ def sample_report() -> dict:
     options = {"command": "streamapp bench join --pairs 2000", "partitions": 4, "width": 640, "height": 480,
                "frame_record_bytes": 49_000, "streams": 1, "result_lag": 3, "ttl_s": 5.0, "pairs": 2000,
                "backlog_rate": 150.0,
-               "live_seconds": 10.0, "rates": [150.0, 300.0], "warmup_s": 5.0}
+               "live_seconds": 10.0, "rates": [150.0, 300.0], "warmup_s": 5.0, "refine_steps": 2}
     versions = {"kafka_broker": "4.1.1", "kafka_streams": "4.4.0", "java": "openjdk 17", "kstreams_jvm": "-Xmx1g",
                 "faust": "0.15.3", "aiokafka": "0.14.0", "python": "3.11.7"}
     return build_report(options, versions, systems, describe_machine())
@@ -122,7 +157,8 @@ def test_report_markdown_describes_the_machine_and_every_system():
     assert "nproc" in text and "load average" in text and report["machine"]["cpu"] in text
     assert "| plain copy | 500 | 1.50 | – |" in text
     assert "| Kafka Streams | 250 | 1.50 | 99.50 % |" in text
-    assert "| Kafka Streams | 150 | " in text and "✗" in text  # 300/s: lag grew
+    assert "| Kafka Streams | 225 | " in text and "✗" in text  # 300/s: lag grew; 225/s refined
+    assert "| 225/s: 60 / 100 ms, 100.0 %, +0/s |" in text
     assert "streamapp join worker: TimeoutError" in text
     assert "Kafka Streams at 300/s: 0.50 cores, the load 0.25" in text
 

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from streamapp import wire
@@ -68,6 +68,9 @@ class JoinBenchOptions:
     # settle in every system, so the lowest rate measures the steady state.
     warmup_s: float = 5.0
     backlog_rate: float = 150.0
+    # After the first rate not sustained, this many steps halving the gap to the highest rate
+    # sustained: near the top the ladder moves 450 pairs/s at a time, 14 % of the rate.
+    refine_steps: int = 2
     ttl_s: float = 5.0
     streams: int = 1                  # cameras sharing the rate, each at rate / streams
     systems: tuple[str, ...] = SYSTEMS
@@ -426,14 +429,25 @@ class Bench:
             async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
                 await self.warm_up(load, outputs)
-                for rate in self.options.rates:
-                    step = join_report.step_summary(await self.step(load, outputs, sampler, rate), system.joins)
-                    steps.append(step)
-                    if not step["sustained"]:
-                        break  # higher rates are tried only while the system and the load keep up
+                for rate in self.rates_to_try(steps):
+                    steps.append(join_report.step_summary(await self.step(load, outputs, sampler, rate), system.joins))
                 counters = await asyncio.to_thread(running.counters)
         return {"steps": steps, "max_sustained": join_report.max_sustained(steps), "counters": counters,
                 "samples": sampler.samples}
+
+    def rates_to_try(self, steps: list[dict]) -> Iterator[float]:
+        """The ladder's rates while each is sustained (higher rates are tried only while the system
+        and the load keep up), then up to ``refine_steps`` rates between the highest sustained and
+        the lowest not, each once the system has caught up with the step before."""
+        for rate in self.options.rates:
+            yield rate
+            if not steps[-1]["sustained"]:
+                break
+        for _ in range(self.options.refine_steps):
+            rate = join_report.refine_rate(steps)
+            if rate is None or not steps[-1]["drained"]:
+                return
+            yield rate
 
     async def warm_up(self, load: PairLoad, outputs: Outputs) -> None:
         rate = self.options.rates[0]

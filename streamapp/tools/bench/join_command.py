@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from streamapp.tools.arguments import count_arg, rates_arg, resolution_arg, seconds_arg, steady_fps_arg
+from streamapp.tools.arguments import count_arg, count_or_zero_arg, rates_arg, resolution_arg, seconds_arg, steady_fps_arg
 from streamapp.tools.bench.join import DEFAULT_RATES, SYSTEMS, JoinBenchOptions, run_join_bench
 from streamapp.tools.bench.join_report import markdown
 
@@ -32,6 +32,9 @@ def configure(join: argparse.ArgumentParser) -> None:
     join.add_argument("--backlog-rate", type=steady_fps_arg, default=150.0,
                       help="the backlog's event time advances as if recorded live at this many pairs per "
                            "second (default 150)")
+    join.add_argument("--refine", type=count_or_zero_arg, default=2,
+                      help="after a system's first rate not sustained, this many steps halfway between its "
+                           "highest rate sustained and its lowest not (default 2)")
     join.add_argument("--ttl", type=seconds_arg, default=5.0,
                       help="join window of Kafka Streams and STREAMAPP_JOIN_TTL of the worker (default 5)")
     join.add_argument("--streams", type=count_arg, default=1,
@@ -51,7 +54,7 @@ def command_line(options) -> str:
     return shlex.join([
         "streamapp", "bench", "join", "--pairs", str(options.pairs),
         "--rates", ",".join(f"{rate:g}" for rate in options.rates), "--live-seconds", f"{options.live_seconds:g}",
-        "--warmup", f"{options.warmup_s:g}",
+        "--warmup", f"{options.warmup_s:g}", "--refine", str(options.refine_steps),
         "--backlog-rate", f"{options.backlog_rate:g}", "--ttl", f"{options.ttl_s:g}",
         "--streams", str(options.streams), "--size", f"{options.width}x{options.height}",
         "--systems", *options.systems, "--out", str(options.out)])
@@ -60,7 +63,7 @@ def command_line(options) -> str:
 def run(args: argparse.Namespace) -> int:
     width, height = args.size
     options = JoinBenchOptions(pairs=args.pairs, rates=args.rates, live_seconds=args.live_seconds,
-                               warmup_s=args.warmup,
+                               warmup_s=args.warmup, refine_steps=args.refine,
                                backlog_rate=args.backlog_rate, ttl_s=args.ttl, streams=args.streams,
                                systems=tuple(args.systems),
                                width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout)

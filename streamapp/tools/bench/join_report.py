@@ -18,6 +18,8 @@ SUSTAINED_JOINED_FRACTION = 0.999
 LAG_GROWTH_TOLERANCE = 0.05
 # The load must have offered the rate: below this fraction of it the step says nothing.
 OFFERED_FRACTION = 0.95
+# Refined steps stop once the highest rate sustained and the lowest not are this close (pairs/s).
+MIN_REFINE_GAP = 50.0
 MIB = 1024**2
 
 
@@ -112,6 +114,20 @@ def max_sustained(steps: list[dict]) -> dict:
     return {"rate": best, "limited_by": "rates"}
 
 
+def refine_rate(steps: list[dict], min_gap: float = MIN_REFINE_GAP) -> float | None:
+    """Once the ladder stopped at a step not sustained, the rate halfway between the highest rate
+    sustained and the lowest not (whole pairs/s); None when the system sustained no rate, the load
+    or the ladder ended the run, or the two are at most ``min_gap`` apart. Each refined step
+    halves the gap, so sustained steps stay below those not sustained, as max_sustained reads them."""
+    best = max_sustained(steps)
+    if best["limited_by"] != "system" or best["rate"] is None:
+        return None
+    lowest_failed = min(step["rate"] for step in steps if step["rate"] > best["rate"])
+    if lowest_failed - best["rate"] <= min_gap:
+        return None
+    return float(round((best["rate"] + lowest_failed) / 2))
+
+
 # --------------------------------------------------------------------------------------------
 # the whole report
 
@@ -168,7 +184,9 @@ def markdown(report: dict) -> str:
         f"{options['ttl_s']:g} s. Backlog: {options['pairs']:,} pairs preloaded, event time spaced as if "
         f"recorded live at {options['backlog_rate']:g} pairs/s. Live: {options['live_seconds']:g} s at each "
         f"of {', '.join(f'{rate:g}' for rate in options['rates'])} pairs/s after a {options['warmup_s']:g} s "
-        f"warm-up at the first, stopping at a system's first rate not sustained.",
+        f"warm-up at the first, stopping at a system's first rate not sustained; then up to "
+        f"{options['refine_steps']} refined steps, each halfway between the highest rate sustained and the "
+        f"lowest not.",
         "",
         "## Backlog drain",
         "",
@@ -181,7 +199,7 @@ def markdown(report: dict) -> str:
     lines += ["", "Pending: " + "; ".join(f"{system['label']}: {system['pending_measure']}"
                                           for system in report["systems"].values() if system.get("pending_measure")),
               "", "## Live, paced", "",
-              _live_header(options["rates"]), "|---|---|" + "---|" * len(options["rates"])]
+              _live_header(options["rates"]), "|---|---|" + "---|" * (len(options["rates"]) + 1)]
     for system in report["systems"].values():
         lines.append(_live_row(system, options["rates"]))
     lines += ["", "Each rate cell: p50 / p99 latency in ms (result published → output read), joined %, "
@@ -204,7 +222,7 @@ def _cores_note(report: dict) -> str:
     for system in report["systems"].values():
         steps = [step for step in (system.get("live") or {}).get("steps", []) if step.get("cores")]
         if steps:
-            top = steps[-1]
+            top = max(steps, key=lambda step: step["rate"])
             parts.append(f"{system['label']} at {top['rate']:g}/s: {top['cores']['system']:.2f} cores, "
                          f"the load {top['cores']['load']:.2f}")
     if not parts:
@@ -230,13 +248,13 @@ def _backlog_row(system: dict) -> str:
 
 
 def _live_header(rates: list[float]) -> str:
-    return "| system | max sustained pairs/s | " + " | ".join(f"{rate:g}/s" for rate in rates) + " |"
+    return "| system | max sustained pairs/s | " + " | ".join(f"{rate:g}/s" for rate in rates) + " | refined |"
 
 
 def _live_row(system: dict, rates: list[float]) -> str:
     live = system.get("live")
     if not live:
-        return f"| {system['label']} | – | " + " | ".join("–" for _ in rates) + " |"
+        return f"| {system['label']} | – | " + " | ".join("–" for _ in rates) + " | – |"
     best = live["max_sustained"]
     best_text = f"{best['rate']:g}" if best["rate"] is not None else "none"
     if best["limited_by"] == "rates":
@@ -245,7 +263,8 @@ def _live_row(system: dict, rates: list[float]) -> str:
         best_text += " (load limit)"
     by_rate = {step["rate"]: step for step in live["steps"]}
     cells = [_step_cell(by_rate.get(rate)) for rate in rates]
-    return f"| {system['label']} | {best_text} | " + " | ".join(cells) + " |"
+    refined = "; ".join(f"{step['rate']:g}/s: {_step_cell(step)}" for step in live["steps"] if step["rate"] not in rates)
+    return f"| {system['label']} | {best_text} | " + " | ".join(cells) + f" | {refined or '–'} |"
 
 
 def _step_cell(step: dict | None) -> str:
@@ -275,7 +294,8 @@ def draw_chart(path: Path, report: dict) -> None:
         if live["max_sustained"]["rate"]:
             throughput["max sustained live"][label] = live["max_sustained"]["rate"]
         latency[label] = [(step["rate"], 1000 * step["latency_s"]["p99"])
-                          for step in live["steps"] if step["latency_s"]["count"]]
+                          for step in sorted(live["steps"], key=lambda step: step["rate"])
+                          if step["latency_s"]["count"]]
     write_png(path,
               bar_image("pairs per second", throughput, "pairs/s"),
               line_image("p99 latency against paced rate (result published -> output read)", latency,
