@@ -8,7 +8,14 @@ import signal
 import sys
 from pathlib import Path
 
-from streamapp.tools.arguments import count_arg, count_or_zero_arg, rates_arg, resolution_arg, seconds_arg, steady_fps_arg
+from streamapp.tools.arguments import (
+    count_arg,
+    count_or_zero_arg,
+    rates_arg,
+    resolution_arg,
+    seconds_arg,
+    steady_fps_arg,
+)
 from streamapp.tools.bench.join import DEFAULT_RATES, SYSTEMS, JoinBenchOptions, run_join_bench
 from streamapp.tools.bench.join_report import markdown
 

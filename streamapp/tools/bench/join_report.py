@@ -263,7 +263,8 @@ def _live_row(system: dict, rates: list[float]) -> str:
         best_text += " (load limit)"
     by_rate = {step["rate"]: step for step in live["steps"]}
     cells = [_step_cell(by_rate.get(rate)) for rate in rates]
-    refined = "; ".join(f"{step['rate']:g}/s: {_step_cell(step)}" for step in live["steps"] if step["rate"] not in rates)
+    refined = "; ".join(f"{step['rate']:g}/s: {_step_cell(step)}"
+                        for step in live["steps"] if step["rate"] not in rates)
     return f"| {system['label']} | {best_text} | " + " | ".join(cells) + f" | {refined or '–'} |"
 
 
