@@ -422,7 +422,7 @@ class Bench:
             system.joins)
 
     async def live(self, system: System) -> dict:
-        steps = []
+        steps: list[dict] = []
         async with self.started(system, "live") as (topics, load, start):
             await settle()
             running = start()
@@ -444,10 +444,10 @@ class Bench:
             if not steps[-1]["sustained"]:
                 break
         for _ in range(self.options.refine_steps):
-            rate = join_report.refine_rate(steps)
-            if rate is None or not steps[-1]["drained"]:
+            refined = join_report.refine_rate(steps)
+            if refined is None or not steps[-1]["drained"]:
                 return
-            yield rate
+            yield refined
 
     async def warm_up(self, load: PairLoad, outputs: Outputs) -> None:
         rate = self.options.rates[0]
