@@ -69,6 +69,7 @@ class HandOver:
         callbacks = self._pressure.get(tp)
         if callbacks is None:
             consumer, sensors = self.app.consumer, self.app.sensors
+            key, tp = tp, TP(tp.topic, tp.partition)  # a message's may be aiokafka's: Faust asserts its own
 
             def on_high() -> None:
                 sensors.on_topic_buffer_full(tp)
@@ -77,6 +78,6 @@ class HandOver:
             def on_drop() -> None:
                 consumer.on_buffer_drop(tp)
 
-            callbacks = self._pressure[tp] = (on_high, on_drop)
+            callbacks = self._pressure[key] = (on_high, on_drop)
         return callbacks
 

@@ -9,6 +9,7 @@ import types
 
 import faust
 import pytest
+from aiokafka import TopicPartition
 from faust.transport.conductor import ConductorCompiler
 from faust.types import TP, Message
 
@@ -74,13 +75,18 @@ def test_a_partition_without_streams_is_left_to_faust():
 def test_a_buffer_under_high_pressure_pauses_its_partition_as_fausts_does():
     async def scenario():
         app, (channel,) = _app_reading("raw")
+        consumer = app.consumer
+        consumer._active_partitions = {TOPIC}  # as after an assignment
         hand_over = HandOver(app)
         for offset in range(channel.queue.pressure_high_size + 1):
-            assert hand_over.now(_message(offset))
-        assert TOPIC in app.consumer._buffered_partitions
+            message = _message(offset)
+            message.tp = TopicPartition(*TOPIC)  # fetched records name their partition as aiokafka does
+            assert hand_over.now(message)
+        assert consumer._buffered_partitions == {TOPIC} and TOPIC not in consumer._get_active_partitions()
         while not channel.queue.empty():
             channel.queue.get_nowait()
-        assert TOPIC not in app.consumer._buffered_partitions  # drained: fetched again
+        # Drained: fetched again. Faust's books take only its own TP (it asserts so when it reads them).
+        assert consumer._get_active_partitions() == {TOPIC} and consumer._buffered_partitions == set()
     asyncio.run(scenario())
 
 
