@@ -3,8 +3,10 @@
 Faust's ``Table.send_changelog`` wraps each record in its message, buffer and callback objects
 and writes the offset marker to RocksDB from a callback per record: together more CPU than the
 join's decision on the record. Here a window write's records go to the producer as they are,
-in order, and one callback per write, on its last record, checks that they all arrived and
-writes the offset marker once (the Kafka producer completes one partition's records in order).
+in order, in as few record batches as they fill (one per record under exactly-once, where they
+join Faust's transaction), and one callback per write, on its last batch, checks that they all
+arrived and writes the offset marker once (the Kafka producer completes one partition's records
+in order).
 Faust still flushes this producer before it commits input offsets, so offsets never commit
 ahead of the changelog records of their events (R4). A record that cannot be delivered stops
 the worker: committing past it would lose state.
@@ -16,12 +18,23 @@ import asyncio
 import functools
 from asyncio import CancelledError
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
+from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.types import TP, TableT
 
 if TYPE_CHECKING:
     from streamapp.tables.store import JoinStore
+
+
+class Delivery(NamedTuple):
+    """Records sent at once: the future of the first one's metadata, and how many there are."""
+
+    future: asyncio.Future
+    records: int
+
+    def last_offset(self) -> int:
+        return self.future.result().offset + self.records - 1
 
 
 class ChangelogWriter:
@@ -33,24 +46,50 @@ class ChangelogWriter:
         if not changes:
             return
         app = self.table.app
-        # Under exactly-once the records join the transaction that commits their inputs' offsets.
-        sender = app.consumer.transactions if app.in_transaction else app.producer
         topic = self.table.changelog_topic.get_topic_name()
-        deliveries = [cast(asyncio.Future, await sender.send(topic, key, value, partition, None, None))
-                      for key, value in changes]
-        deliveries[-1].add_done_callback(functools.partial(self._delivered, deliveries))
+        if app.in_transaction:  # the records join the transaction that commits their inputs' offsets
+            transactions = app.consumer.transactions
+            deliveries = [
+                Delivery(cast(asyncio.Future, await transactions.send(topic, key, value, partition, None, None)), 1)
+                for key, value in changes]
+        else:
+            deliveries = await self._send_batches(topic, partition, changes)
+        deliveries[-1].future.add_done_callback(functools.partial(self._delivered, deliveries))
 
-    def _delivered(self, deliveries: list[asyncio.Future], last: asyncio.Future) -> None:
+    async def _send_batches(self, topic: str, partition: int,
+                            changes: Sequence[tuple[bytes, bytes | None]]) -> list[Delivery]:
+        """The records in as few record batches as they fill, in order. aiokafka's per-record send
+        (a future, a metadata check and an accumulator lookup each) cost the join worker a
+        twentieth of its loop for these records alone."""
+        producer = cast(Any, self.table.app.producer)._ensure_producer()  # Faust's aiokafka producer
+        deliveries = []
+        batch = producer.create_batch()
+        for key, value in changes:
+            if batch.append(timestamp=None, key=key, value=value) is None:  # full
+                deliveries.append(await _send_batch(producer, batch, topic, partition))
+                batch = producer.create_batch()
+                batch.append(timestamp=None, key=key, value=value)  # an empty batch takes any record
+        deliveries.append(await _send_batch(producer, batch, topic, partition))
+        return deliveries
+
+    def _delivered(self, deliveries: list[Delivery], last: asyncio.Future) -> None:
         app = self.table.app
         for delivery in deliveries:
-            failed = CancelledError("changelog send cancelled") if delivery.cancelled() else delivery.exception()
+            future = delivery.future
+            failed = CancelledError("changelog send cancelled") if future.cancelled() else future.exception()
             if failed is not None:
                 asyncio.ensure_future(app.crash(failed))
                 return
         metadata = last.result()
         tp = TP(metadata.topic, metadata.partition)
+        offset = deliveries[-1].last_offset()
         store: JoinStore = self.table.data  # type: ignore[assignment]
         if app.in_transaction:
-            app.tables.persist_offset_on_commit(store, tp, metadata.offset)
+            app.tables.persist_offset_on_commit(store, tp, offset)
         else:
-            store.set_persisted_offset(tp, metadata.offset)
+            store.set_persisted_offset(tp, offset)
+
+
+async def _send_batch(producer: Any, batch: BatchBuilder, topic: str, partition: int) -> Delivery:
+    batch.close()  # queued as it is: the producer's own sends do not join it
+    return Delivery(await producer.send_batch(batch, topic, partition=partition), batch.record_count())
