@@ -1,9 +1,10 @@
 """Publishing frames to Kafka the way the join expects them: bucket-keyed, size-checked, paced;
 and the one producer configuration every tool publishes with (:func:`producer_config`).
 
-Keys are the frame-index bucket (stream, epoch, index // bucket size) and partitions come from the
-producer's default murmur2 partitioner — the same function Faust's producer uses for ``detections``
-— so a frame and its result always land on the same partition number (R9).
+Keys are the frame-index bucket (stream, epoch, index // bucket size) and partitions come from
+Kafka's default murmur2 partitioner (remembering recent keys' hashes, as the workers' producers
+do) — the same function Faust's producer uses for ``detections`` — so a frame and its result
+always land on the same partition number (R9).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from streamapp.connect import start_client
 from streamapp.errors import StreamappError
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
+from streamapp.worker.producer import KeyPartitioner
 
 # A batch waits this long for more records: a few frames per request under load, little delay alone.
 LINGER_MS = 5
@@ -33,7 +35,7 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     limit = max_record_bytes(settings)
     config = dict(bootstrap_servers=settings.bootstrap_servers, max_request_size=limit,
                   max_batch_size=min(limit, MAX_BATCH_BYTES), linger_ms=LINGER_MS, acks="all",
-                  enable_idempotence=True)
+                  enable_idempotence=True, partitioner=KeyPartitioner())
     return {**config, **overrides}
 
 

@@ -1,7 +1,8 @@
 """The limit of ``streamapp bench join``: an aiokafka consumer→producer copy of the frame and
 result records into one topic, tuned as a user would (large fetches, 1 MiB batches, 5 ms linger,
-a whole fetched batch in flight before awaiting its acknowledgements), reading responses and
-writing produce requests as the worker does (streamapp.kafkaread, streamapp.kafkawrite).
+a whole fetched batch in flight before awaiting its acknowledgements), reading responses,
+writing produce requests and partitioning keys as the worker does (streamapp.kafkaread,
+streamapp.kafkawrite, KeyPartitioner).
 
 Run as ``python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...``; it prints ``ready``
 once its partitions are assigned, and copies until it is terminated.
@@ -17,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from streamapp import kafkaclient
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes
+from streamapp.worker.producer import KeyPartitioner
 
 READY_MARKER = "ready"
 MIB = 1024**2
@@ -28,7 +30,7 @@ async def copy(bootstrap: str, group: str, target: str, sources: list[str]) -> N
                                 auto_offset_reset="earliest", max_partition_fetch_bytes=limit,
                                 fetch_max_bytes=64 * MIB)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=limit,
-                                max_batch_size=MIB, linger_ms=5)
+                                max_batch_size=MIB, linger_ms=5, partitioner=KeyPartitioner())
     await consumer.start()
     await producer.start()
     try:
