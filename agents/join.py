@@ -418,7 +418,8 @@ def register(stage: Stage) -> None:
     both_sides = app.topic(frames_topic, results_topic, key_serializer="raw", value_serializer="raw")
 
     def decode(event) -> Frame | Detections:
-        record = wire.decode(event.value, max_frame_bytes=settings.max_frame_bytes)
+        # A frame's JPEG is read within the batch, while its event holds the record: viewed, not copied.
+        record = wire.decode(event.value, max_frame_bytes=settings.max_frame_bytes, view=True)
         if not isinstance(record, (Frame, Detections)):
             raise wire.WireError("a joined record does not belong on the join's inputs")
         if isinstance(record, Frame):  # markers only: a frame that cannot be drawn never waits

@@ -16,12 +16,14 @@ from hypothesis import HealthCheck, assume, example, given, settings, strategies
 
 from streamapp import wire
 from streamapp.imaging import CorruptFrame, decode_frame, decode_jpeg, encode_jpeg, jpeg_size
+from streamapp.jpeg import check_jpeg
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined, WireError
 
 NOW_MS = 1_700_000_000_000
 MAX_FRAME_BYTES = 64 * 1024
 DECODERS = {
     "decode": lambda value: wire.decode(value, max_frame_bytes=MAX_FRAME_BYTES),
+    "decode viewing the frame": lambda value: wire.decode(value, max_frame_bytes=MAX_FRAME_BYTES, view=True),
     "decode_frame": lambda value: wire.decode_frame(value, max_frame_bytes=MAX_FRAME_BYTES),
     "decode_detections": wire.decode_detections,
     "decode_joined": lambda value: wire.decode_joined(value, max_frame_bytes=MAX_FRAME_BYTES),
@@ -120,6 +122,12 @@ def test_truncated_or_corrupted_records_decode_or_raise_wire_error(data, record)
 @given(frame=frames)
 def test_frames_round_trip(frame):
     assert wire.decode_frame(wire.encode_frame(frame)) == frame
+
+
+@given(frame=frames)
+def test_frames_decoded_as_views_of_the_record_are_the_frames_encoded(frame):
+    decoded = wire.decode(wire.encode_frame(frame), view=True)
+    assert isinstance(decoded.jpeg, memoryview) and decoded == frame
 
 
 @given(result=detections())
@@ -237,6 +245,19 @@ def test_truncated_or_corrupted_jpegs_decode_or_raise_corrupt_frame(data):
     flipped = bytearray(PIXELS_JPEG)
     flipped[position] ^= data.draw(st.integers(1, 255))
     _decodes_or_is_corrupt(bytes(flipped), size=(64, 48))
+
+
+@given(value=st.one_of(st.binary(max_size=400), st.just(PIXELS_JPEG),
+                       st.integers(0, len(PIXELS_JPEG)).map(lambda cut: PIXELS_JPEG[:cut])))
+def test_a_jpeg_checks_the_same_as_bytes_or_as_a_view(value):
+    def outcome(jpeg):
+        try:
+            check_jpeg(jpeg, (64, 48))
+        except CorruptFrame as exc:
+            return str(exc)
+        return "ok"
+
+    assert outcome(memoryview(value)) == outcome(value)
 
 
 def test_a_frame_whose_jpeg_is_not_the_size_it_claims_is_corrupt():
