@@ -37,6 +37,8 @@ MAX_DIMENSION = 16384
 MIN_TIMESTAMP_MS = 946_684_800_000
 MAX_TIMESTAMP_MS = 7_258_118_400_000
 _JPEG_START = b"\xff\xd8"
+# json.dumps with separators builds an encoder per call; this one is built once.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 class Kind:
@@ -182,7 +184,7 @@ def _detections_header(detections: Detections) -> dict:
 
 
 def _pack(kind: bytes, header: dict, body: bytes) -> bytes:
-    header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    header_bytes = _COMPACT_JSON.encode(header).encode()
     return _PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes)) + header_bytes + body
 
 
@@ -217,8 +219,9 @@ def decode(value: bytes | None, *, max_frame_bytes: int | None = None,
     return _joined_from(header, body, max_frame_bytes)
 
 
-def decode_frame(value: bytes | None, *, max_frame_bytes: int | None = None) -> Frame:
-    header, body = _expect(value, Kind.FRAME)
+def decode_frame(value: bytes | None, *, max_frame_bytes: int | None = None, view: bool = False) -> Frame:
+    """``view`` as for :func:`decode`."""
+    header, body = _expect(value, Kind.FRAME, view=view)
     return _frame_from(header, body, max_frame_bytes)
 
 
@@ -287,8 +290,8 @@ def _unpack_header(value: bytes | None) -> tuple[bytes, dict, int]:
     return kind, header, end
 
 
-def _expect(value: bytes | None, kind: bytes) -> tuple[dict, bytes]:
-    actual, header, body = _unpack(value)
+def _expect(value: bytes | None, kind: bytes, *, view: bool = False) -> tuple[dict, bytes]:
+    actual, header, body = _unpack(value, view=view)
     if actual != kind:
         raise WireError(f"expected a {kind.decode()} record, got {actual.decode()}")
     return header, body
@@ -366,6 +369,9 @@ def _field(header: dict, name: str, kinds):
 
 
 def _int_in(header: dict, name: str, low: int, high: int) -> int:
+    value = header.get(name)
+    if type(value) is int and low <= value <= high:  # the common case, without _field's call
+        return value
     value = _field(header, name, int)
     if not low <= value <= high:
         raise WireError(f"field {name!r} = {value} is outside {low}..{high}")
