@@ -144,7 +144,7 @@ def _complete(arrived: Frame | Detections, waiting: Entry) -> Joined:
     if isinstance(arrived, Frame):
         known = waiting.decoded
         return Joined(arrived, known if isinstance(known, Detections) else wire.decode_detections(waiting.payload))
-    return Joined(wire.decode_frame(waiting.payload), arrived)
+    return Joined(wire.decode_frame(waiting.payload, view=True), arrived)  # encoded while the entry holds it
 
 
 def check_key(key: bytes | None, record, bucket_size: int) -> None:
