@@ -8,7 +8,8 @@ package uses SSE 4.2 or ARMv8 CRC instructions (about 18 GB/s here), with a soft
 
 * **Built batches** (:class:`LeanBatchBuilder`): an uncompressed batch keeps each record as its
   small fields and a reference to its value, and joins them once when it is built, so a 49 KB
-  record costs about 10 µs instead of 33 (a 300-byte one 3.4 µs instead of 0.4). The bytes are those
+  record costs about 10 µs instead of 33 (a 300-byte one 3.4 µs instead of 0.4); its checksum is
+  computed over the batch in place, where aiokafka's copied the batch first. The bytes are those
   of aiokafka's builders; compressed batches are built by aiokafka's own Python builder.
 * **Fetched batches** are still read by aiokafka's C reader; only the check of each v2 batch's
   checksum, where aiokafka asks for it (``check_crcs``), is done here, over the batch's bytes as
@@ -30,6 +31,7 @@ from aiokafka.record.util import encode_varint, size_of_varint
 # Every batch starts with its base offset (8 bytes) and the length of the rest (4 bytes); in
 # format v2 then the leader epoch (4), the magic byte and the CRC-32C of everything after it.
 _LENGTH = struct.Struct(">i")
+_CRC = struct.Struct(">I")
 _LENGTH_AT, LOG_OVERHEAD = 8, 12
 _MAGIC_AT, _CRC_AT, CRC_FROM = 16, 17, 21
 
@@ -136,12 +138,24 @@ class LeanBatchBuilder(default_records._DefaultRecordBatchBuilderPy):
     def size(self) -> int:
         return self._size if not self._compression_type else super().size()
 
+    def _write_header(self, use_compression_type: bool = True) -> None:
+        """aiokafka's header, its checksum computed over the batch in place: aiokafka's slices the
+        buffer first, a copy of the whole batch (up to a MiB) for each batch built."""
+        self.HEADER_STRUCT.pack_into(
+            self._buffer, 0, 0, len(self._buffer) - self.AFTER_LEN_OFFSET, self.NO_PARTITION_LEADER_EPOCH,
+            self._magic, 0, self._get_attributes(use_compression_type), self._last_offset,
+            self._first_timestamp or 0, self._max_timestamp or 0, self._producer_id, self._producer_epoch,
+            self._base_sequence, self._num_records)
+        with memoryview(self._buffer) as batch:
+            crc = crc32c.crc32c(batch[self.ATTRIBUTES_OFFSET:])
+        _CRC.pack_into(self._buffer, self.CRC_OFFSET, crc)
+
     def build(self) -> bytearray:
         if self._compression_type:
             return super().build()
         self._buffer = bytearray().join([bytes(self.HEADER_STRUCT.size), *self._pieces])
         self._pieces = []
-        self._write_header()  # its checksum is calc_crc32c: the CPU's, once installed
+        self._write_header()
         return self._buffer
 
 
