@@ -32,6 +32,7 @@ from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4,
     CollectorRegistry,
     GCCollector,
+    Histogram as PrometheusHistogram,
     PlatformCollector,
     ProcessCollector,
     generate_latest,
@@ -296,9 +297,7 @@ class LeanPrometheusMonitor(PrometheusMonitor):
         self.events_active -= events
         self.events_runtime.extend(itertools.repeat(runtime, min(events, self.max_avg_history)))
         metrics.total_active_events.dec(events)
-        latency_ms = self.secs_to_ms(runtime)
-        for _ in range(events):
-            metrics.events_runtime_latency.observe(latency_ms)
+        observe_times(metrics.events_runtime_latency, self.secs_to_ms(runtime), events)
         for message in finished:
             message.time_out = now
             if message.time_in is not None:
@@ -330,6 +329,18 @@ class LeanPrometheusMonitor(PrometheusMonitor):
             return
         Monitor.track_tp_end_offset(self, tp, offset)
         self._child(self._metrics.topic_partition_end_offset, tp.topic, tp.partition).set(offset)
+
+
+def observe_times(histogram: PrometheusHistogram, amount: float, times: int) -> None:
+    """``histogram.observe(amount)`` ``times`` times, in one step: a batch's events share their
+    runtime, and a thousand calls per batch were 1.4 % of the join worker's loop. Uses
+    prometheus_client's own fields of a histogram without labels, as ``observe`` does."""
+    histogram._raise_if_not_observable()
+    histogram._sum.inc(amount * times)
+    for bucket, bound in zip(histogram._buckets, histogram._upper_bounds, strict=True):
+        if amount <= bound:
+            bucket.inc(times)
+            break
 
 
 def faust_monitor(registry: CollectorRegistry) -> PrometheusMonitor:

@@ -12,12 +12,21 @@ import pytest
 from faust.exceptions import ConsumerNotStarted
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from faust.types import TP
+from prometheus_client import CollectorRegistry, Histogram as PrometheusHistogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
 from streamapp.samples import Histogram, family_of, parse_sample, sample_name
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
-from streamapp.worker.metrics import HELP, STANDARD_FAMILIES, Metrics, consumer_gauges, faust_monitor, peak_rss_bytes
+from streamapp.worker.metrics import (
+    HELP,
+    STANDARD_FAMILIES,
+    Metrics,
+    consumer_gauges,
+    faust_monitor,
+    observe_times,
+    peak_rss_bytes,
+)
 
 
 def parse(text: str) -> dict:
@@ -294,3 +303,21 @@ def test_peak_rss_of_a_process_started_by_a_large_one_is_its_own():
         capture_output=True, text=True, check=True)
     del held
     assert int(child.stdout) < 128 * 1024**2, child.stdout
+
+
+def test_a_value_observed_many_times_at_once_is_what_as_many_observations_give():
+    once, many = CollectorRegistry(), CollectorRegistry()
+    bounds = (1.0, 5.0, 10.0)
+    singly = PrometheusHistogram("runtime_ms", "runtime", buckets=bounds, registry=once)
+    at_once = PrometheusHistogram("runtime_ms", "runtime", buckets=bounds, registry=many)
+    for amount, times in ((0.5, 3), (5.0, 7), (7.5, 1), (50.0, 4), (2.0, 0)):
+        for _ in range(times):
+            singly.observe(amount)
+        observe_times(at_once, amount, times)
+
+    def samples(registry):
+        return {(sample.name, sample.labels.get("le")): sample.value
+                for family in registry.collect() for sample in family.samples if not sample.name.endswith("_created")}
+
+    assert samples(many) == pytest.approx(samples(once))
+    assert samples(many)[("runtime_ms_bucket", "5.0")] == 10 and samples(many)[("runtime_ms_count", None)] == 15
