@@ -55,6 +55,20 @@ def test_a_raw_record_reaches_every_stream_as_fausts_conductor_delivers_it():
     asyncio.run(scenario())
 
 
+def test_after_a_rebalance_records_go_to_the_streams_indexed_then():
+    async def scenario():
+        app, (before,) = _app_reading("raw")
+        hand_over = HandOver(app)
+        assert hand_over.now(_message(1))
+        after = app.topic(TOPIC.topic, key_serializer="raw", value_serializer="raw").clone(is_iterator=True)
+        app.topics._tp_index.clear()  # as Faust rebuilds its index on an assignment
+        app.topics._tp_index[TOPIC].add(after)
+        assert hand_over.now(_message(2))
+        assert [event.message.offset for event in _queued(before)] == [1]
+        assert [event.message.offset for event in _queued(after)] == [2]
+    asyncio.run(scenario())
+
+
 def test_a_stream_that_decodes_leaves_the_record_to_faust():
     async def scenario():
         app, channels = _app_reading("raw", "json")
@@ -99,7 +113,7 @@ def _waits_app(*, flow_active=True, lock_held=False, buffered=0, buffer_limit=10
         _tp_index={TOPIC: [types.SimpleNamespace(queue=types.SimpleNamespace(full=lambda full=full: full))
                            for full in queues_full]})
     return types.SimpleNamespace(
-        topics=conductor, conf=types.SimpleNamespace(Event=None),
+        topics=conductor, conf=types.SimpleNamespace(Event=None), consumer=None, sensors=None,
         flow_control=types.SimpleNamespace(is_active=lambda: flow_active),
         producer=types.SimpleNamespace(buffer=types.SimpleNamespace(size=buffered, max_messages=buffer_limit)))
 
