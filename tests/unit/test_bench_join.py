@@ -75,6 +75,10 @@ def test_max_sustained_rate_is_the_top_of_the_sustained_run_and_says_what_ended_
     assert max_sustained([step(150), step(300)]) == {"rate": 300, "limited_by": "rates"}
     assert max_sustained([step(150), step(300, offered=False)]) == {"rate": 150, "limited_by": "load"}
     assert max_sustained([step(150, sustained=False)]) == {"rate": None, "limited_by": "system"}
+    retried = [step(150), step(300, sustained=False), step(300), step(450, sustained=False),
+               step(450, sustained=False)]
+    assert max_sustained(retried) == {"rate": 300, "limited_by": "system"}   # one try of 300 was enough
+    assert refine_rate(retried) == 375
 
 
 def test_refined_rates_halve_the_gap_between_the_highest_sustained_and_the_lowest_not():
@@ -92,22 +96,34 @@ def test_refined_rates_halve_the_gap_between_the_highest_sustained_and_the_lowes
     assert refine_rate([step(150), step(300)]) is None                    # every rate sustained
 
 
-def test_the_ladder_stops_at_the_first_rate_not_sustained_then_refines_while_the_system_drains(tmp_path):
-    options = JoinBenchOptions(rates=(150.0, 300.0, 450.0, 600.0), refine_steps=2)
+def ladder_run(retries: int, capacity: float, *, drains: bool = True, stalls: frozenset = frozenset(),
+               offered: bool = True) -> list[float]:
+    """The rates a bench tries against a system that sustains up to ``capacity``, except on the
+    first try of each rate in ``stalls`` (a host stall)."""
     bench = Bench.__new__(Bench)
-    bench.options = options
+    bench.options = JoinBenchOptions(rates=(150.0, 300.0, 450.0, 600.0), refine_steps=2, retries=retries)
+    steps: list[dict] = []
+    for rate in bench.rates_to_try(steps):
+        stalled = rate in stalls and all(step["rate"] != rate for step in steps)
+        steps.append({"rate": rate, "offered": offered, "sustained": rate <= capacity and not stalled,
+                      "drained": drains or rate <= capacity})
+    return [step["rate"] for step in steps]
 
-    def run(capacity: float, drains: bool = True) -> list[float]:
-        steps: list[dict] = []
-        for rate in bench.rates_to_try(steps):
-            steps.append({"rate": rate, "offered": True, "sustained": rate <= capacity,
-                          "drained": drains or rate <= capacity})
-        return [step["rate"] for step in steps]
 
-    assert run(capacity=400) == [150, 300, 450, 375, 412]
-    assert run(capacity=1000) == [150, 300, 450, 600]                    # every rate sustained
-    assert run(capacity=400, drains=False) == [150, 300, 450]            # still behind: nothing to refine
-    assert run(capacity=100) == [150]
+def test_the_ladder_stops_at_the_first_rate_not_sustained_then_refines_while_the_system_drains():
+    assert ladder_run(0, capacity=400) == [150, 300, 450, 375, 412]
+    assert ladder_run(0, capacity=1000) == [150, 300, 450, 600]          # every rate sustained
+    assert ladder_run(0, capacity=400, drains=False) == [150, 300, 450]  # still behind: nothing to refine
+    assert ladder_run(0, capacity=100) == [150]
+    assert ladder_run(0, capacity=400, stalls=frozenset({300})) == [150, 300, 225, 262]  # a stall decides the top
+
+
+def test_a_step_not_sustained_is_tried_again_once_the_system_caught_up():
+    assert ladder_run(1, capacity=400, stalls=frozenset({300})) == [150, 300, 300, 450, 450, 375, 412, 412]
+    assert ladder_run(1, capacity=400) == [150, 300, 450, 450, 375, 412, 412]
+    assert ladder_run(2, capacity=100) == [150, 150, 150]
+    assert ladder_run(1, capacity=400, drains=False) == [150, 300, 450]  # still behind: no second try
+    assert ladder_run(1, capacity=100, offered=False) == [150]           # the load's limit, not the system's
 
 
 def raw_backlog(**changes):
@@ -131,6 +147,7 @@ def test_backlog_summary():
 def sample_report() -> dict:
     steps = [step_summary(raw_step(rate=150.0, pairs=1500, publish_s=10.0), joins=True),
              step_summary(raw_step(growth=100.0), joins=True),
+             step_summary(raw_step(growth=90.0), joins=True),
              step_summary(raw_step(rate=225.0, pairs=2250, publish_s=10.0, joined=2250, out=2250), joins=True)]
     live = {"steps": steps, "max_sustained": max_sustained(steps), "counters": {}}
     systems = {
@@ -144,7 +161,7 @@ def sample_report() -> dict:
     options = {"command": "streamapp bench join --pairs 2000", "partitions": 4, "width": 640, "height": 480,
                "frame_record_bytes": 49_000, "streams": 1, "result_lag": 3, "ttl_s": 5.0, "pairs": 2000,
                "backlog_rate": 150.0,
-               "live_seconds": 10.0, "rates": [150.0, 300.0], "warmup_s": 5.0, "refine_steps": 2}
+               "live_seconds": 10.0, "rates": [150.0, 300.0], "warmup_s": 5.0, "refine_steps": 2, "retries": 1}
     versions = {"kafka_broker": "4.1.1", "kafka_streams": "4.4.0", "java": "openjdk 17", "kstreams_jvm": "-Xmx1g",
                 "faust": "0.15.3", "aiokafka": "0.14.0", "python": "3.11.7"}
     return build_report(options, versions, systems, describe_machine())
@@ -159,6 +176,8 @@ def test_report_markdown_describes_the_machine_and_every_system():
     assert "| Kafka Streams | 250 | 1.50 | 99.50 % |" in text
     assert "| Kafka Streams | 225 | " in text and "✗" in text  # 300/s: lag grew; 225/s refined
     assert "| 225/s: 60 / 100 ms, 100.0 %, +0/s |" in text
+    assert "+100/s ✗ → 60 / 100 ms, 100.0 %, +90/s ✗ |" in text            # both tries of 300/s
+    assert "tried once more once the system has caught up" in text
     assert "streamapp join worker: TimeoutError" in text
     assert "Kafka Streams at 300/s: 0.50 cores, the load 0.25" in text
 

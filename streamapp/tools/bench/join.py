@@ -71,6 +71,9 @@ class JoinBenchOptions:
     # After the first rate not sustained, this many steps halving the gap to the highest rate
     # sustained: near the top the ladder moves 450 pairs/s at a time, 14 % of the rate.
     refine_steps: int = 2
+    # A step not sustained is tried this many more times once the system has caught up: a host
+    # stall of half a second fails a 10 s step near the top for any system.
+    retries: int = 1
     ttl_s: float = 5.0
     streams: int = 1                  # cameras sharing the rate, each at rate / streams
     systems: tuple[str, ...] = SYSTEMS
@@ -438,16 +441,27 @@ class Bench:
     def rates_to_try(self, steps: list[dict]) -> Iterator[float]:
         """The ladder's rates while each is sustained (higher rates are tried only while the system
         and the load keep up), then up to ``refine_steps`` rates between the highest sustained and
-        the lowest not, each once the system has caught up with the step before."""
+        the lowest not, each once the system has caught up with the step before. Each rate is
+        tried again, up to ``retries`` times, while it is not sustained."""
         for rate in self.options.rates:
-            yield rate
+            yield from self.tries(rate, steps)
             if not steps[-1]["sustained"]:
                 break
         for _ in range(self.options.refine_steps):
             refined = join_report.refine_rate(steps)
             if refined is None or not steps[-1]["drained"]:
                 return
-            yield refined
+            yield from self.tries(refined, steps)
+
+    def tries(self, rate: float, steps: list[dict]) -> Iterator[float]:
+        """``rate``, then again while its last try was not sustained, the load offered it and the
+        system caught up afterwards (one still behind would start the next try with a backlog)."""
+        yield rate
+        for _ in range(self.options.retries):
+            last = steps[-1]
+            if last["sustained"] or not last["offered"] or not last["drained"]:
+                return
+            yield rate
 
     async def warm_up(self, load: PairLoad, outputs: Outputs) -> None:
         rate = self.options.rates[0]

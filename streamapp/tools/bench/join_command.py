@@ -42,6 +42,9 @@ def configure(join: argparse.ArgumentParser) -> None:
     join.add_argument("--refine", type=count_or_zero_arg, default=2,
                       help="after a system's first rate not sustained, this many steps halfway between its "
                            "highest rate sustained and its lowest not (default 2)")
+    join.add_argument("--retries", type=count_or_zero_arg, default=1,
+                      help="times a step not sustained is tried again once the system has caught up; a rate "
+                           "counts as sustained when one of its tries is (default 1)")
     join.add_argument("--ttl", type=seconds_arg, default=5.0,
                       help="join window of Kafka Streams and STREAMAPP_JOIN_TTL of the worker (default 5)")
     join.add_argument("--streams", type=count_arg, default=1,
@@ -62,6 +65,7 @@ def command_line(options) -> str:
         "streamapp", "bench", "join", "--pairs", str(options.pairs),
         "--rates", ",".join(f"{rate:g}" for rate in options.rates), "--live-seconds", f"{options.live_seconds:g}",
         "--warmup", f"{options.warmup_s:g}", "--refine", str(options.refine_steps),
+        "--retries", str(options.retries),
         "--backlog-rate", f"{options.backlog_rate:g}", "--ttl", f"{options.ttl_s:g}",
         "--streams", str(options.streams), "--size", f"{options.width}x{options.height}",
         "--systems", *options.systems, "--out", str(options.out)])
@@ -70,7 +74,7 @@ def command_line(options) -> str:
 def run(args: argparse.Namespace) -> int:
     width, height = args.size
     options = JoinBenchOptions(pairs=args.pairs, rates=args.rates, live_seconds=args.live_seconds,
-                               warmup_s=args.warmup, refine_steps=args.refine,
+                               warmup_s=args.warmup, refine_steps=args.refine, retries=args.retries,
                                backlog_rate=args.backlog_rate, ttl_s=args.ttl, streams=args.streams,
                                systems=tuple(args.systems),
                                width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout)

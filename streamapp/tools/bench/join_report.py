@@ -100,12 +100,22 @@ def is_sustained(step: dict) -> bool:
             and step["lag_growth_pairs_per_s"] <= LAG_GROWTH_TOLERANCE * step["rate"])
 
 
+def rate_outcomes(steps: list[dict]) -> list[dict]:
+    """One step per rate tried, lowest rate first: its first sustained try, else its last."""
+    by_rate: dict[float, dict] = {}
+    for step in steps:
+        kept = by_rate.get(step["rate"])
+        if kept is None or not kept["sustained"]:
+            by_rate[step["rate"]] = step
+    return [by_rate[rate] for rate in sorted(by_rate)]
+
+
 def max_sustained(steps: list[dict]) -> dict:
-    """The highest rate of the run of sustained steps from the lowest rate up, and what ended it:
-    ``system`` (a step not sustained), ``load`` (the load could not offer a rate) or ``rates``
-    (every rate tried was sustained)."""
+    """The highest rate of the run of sustained rates from the lowest up (a rate is sustained when
+    one of its tries is), and what ended it: ``system`` (a rate not sustained), ``load`` (the load
+    could not offer a rate) or ``rates`` (every rate tried was sustained)."""
     best = None
-    for step in sorted(steps, key=lambda step: step["rate"]):
+    for step in rate_outcomes(steps):
         if not step["offered"]:
             return {"rate": best, "limited_by": "load"}
         if not step["sustained"]:
@@ -186,7 +196,7 @@ def markdown(report: dict) -> str:
         f"of {', '.join(f'{rate:g}' for rate in options['rates'])} pairs/s after a {options['warmup_s']:g} s "
         f"warm-up at the first, stopping at a system's first rate not sustained; then up to "
         f"{options['refine_steps']} refined steps, each halfway between the highest rate sustained and the "
-        f"lowest not.",
+        f"lowest not. {_retries_note(options.get('retries', 0))}",
         "",
         "## Backlog drain",
         "",
@@ -214,6 +224,14 @@ def markdown(report: dict) -> str:
     if errors:
         lines += ["", "## Did not run", "", *errors]
     return "\n".join(lines) + "\n"
+
+
+def _retries_note(retries: int) -> str:
+    if not retries:
+        return "Each rate is tried once."
+    times = "once more" if retries == 1 else f"up to {retries} more times"
+    return (f"A step not sustained is tried {times} once the system has caught up (a host stall fails a step "
+            "for any system); a rate counts as sustained when one of its tries is.")
 
 
 def _cores_note(report: dict) -> str:
@@ -261,16 +279,20 @@ def _live_row(system: dict, rates: list[float]) -> str:
         best_text = f"≥ {best_text}"
     elif best["limited_by"] == "load":
         best_text += " (load limit)"
-    by_rate = {step["rate"]: step for step in live["steps"]}
-    cells = [_step_cell(by_rate.get(rate)) for rate in rates]
-    refined = "; ".join(f"{step['rate']:g}/s: {_step_cell(step)}"
-                        for step in live["steps"] if step["rate"] not in rates)
+    tries: dict[float, list[dict]] = {}
+    for step in live["steps"]:
+        tries.setdefault(step["rate"], []).append(step)
+    cells = [_tries_cell(tries.get(rate, [])) for rate in rates]
+    refined = "; ".join(f"{rate:g}/s: {_tries_cell(steps)}" for rate, steps in tries.items() if rate not in rates)
     return f"| {system['label']} | {best_text} | " + " | ".join(cells) + f" | {refined or '–'} |"
 
 
-def _step_cell(step: dict | None) -> str:
-    if step is None:
-        return "–"
+def _tries_cell(steps: list[dict]) -> str:
+    """Every try of one rate, in order."""
+    return " → ".join(_step_cell(step) for step in steps) or "–"
+
+
+def _step_cell(step: dict) -> str:
     latency = step["latency_s"]
     timing = (f"{1000 * latency['p50']:.0f} / {1000 * latency['p99']:.0f} ms" if latency["count"]
               else "no output")
@@ -295,8 +317,7 @@ def draw_chart(path: Path, report: dict) -> None:
         if live["max_sustained"]["rate"]:
             throughput["max sustained live"][label] = live["max_sustained"]["rate"]
         latency[label] = [(step["rate"], 1000 * step["latency_s"]["p99"])
-                          for step in sorted(live["steps"], key=lambda step: step["rate"])
-                          if step["latency_s"]["count"]]
+                          for step in rate_outcomes(live["steps"]) if step["latency_s"]["count"]]
     write_png(path,
               bar_image("pairs per second", throughput, "pairs/s"),
               line_image("p99 latency against paced rate (result published -> output read)", latency,
