@@ -193,6 +193,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         batch_bytes=plan.batch_bytes,
         output_thread=OutputThread(app.producer, name="outputs") if output_thread else None,
     )
+    metrics.add_gauges(stage.outputs_in_flight.as_metrics)
     for name in settings.stages:
         importlib.import_module(f"streamapp.agents.{name}").register(stage)
 

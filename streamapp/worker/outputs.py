@@ -22,6 +22,7 @@ Under exactly-once the outputs must join Faust's transaction: they go through Fa
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Protocol, cast
@@ -100,6 +101,36 @@ class OutputThread:
         await asyncio.to_thread(self.thread.join)
 
 
+class OutputsInFlight:
+    """Outputs handed to a producer and not yet acknowledged or refused, and those acknowledged. A
+    decision is counted when it is made (``join_joined_total``); its output leaves with its batch,
+    up to two batches later: "all decided" is "all delivered" only once nothing is in flight."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.bytes = 0
+        self.acked = 0
+
+    def track(self, future: asyncio.Future, records: int, size: int) -> None:
+        """``future`` resolves once ``records`` outputs of ``size`` bytes are acknowledged or
+        refused: to the refusal of each, by position, or to None for a single output."""
+        self.records += records
+        self.bytes += size
+        future.add_done_callback(functools.partial(self._done, records, size))
+
+    def _done(self, records: int, size: int, future: asyncio.Future) -> None:
+        self.records -= records
+        self.bytes -= size
+        if future.cancelled() or future.exception() is not None:
+            return
+        refusals = future.result()
+        self.acked += sum(refused is None for refused in refusals) if isinstance(refusals, list) else records
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"outputs_in_flight_records": self.records, "outputs_in_flight_bytes": self.bytes,
+                "outputs_acked_total": self.acked}
+
+
 class Outbox(Protocol):
     """One batch's outputs to one topic, each the output of one input event. An event whose
     output the producer refuses (too large) is dead-lettered instead, as one record (R11)."""
@@ -120,8 +151,10 @@ class Outbox(Protocol):
 class ThreadOutbox:
     """An Outbox sent from the output thread, in chunks handed over as they fill."""
 
-    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str, thread: OutputThread) -> None:
+    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str, thread: OutputThread,
+                 in_flight: OutputsInFlight) -> None:
         self.topic, self.dead_letters, self.stage, self.thread = topic, dead_letters, stage, thread
+        self.in_flight = in_flight
         self.chunk: list[tuple[EventT, bytes, bytes]] = []
         self.sent: list[tuple[list[EventT], asyncio.Future]] = []
 
@@ -133,8 +166,9 @@ class ThreadOutbox:
     def hand_over(self) -> None:
         if self.chunk:
             records = [(key, value) for _, key, value in self.chunk]
-            self.sent.append(([event for event, _, _ in self.chunk],
-                              self.thread.submit(self.topic.get_topic_name(), records)))
+            future = self.thread.submit(self.topic.get_topic_name(), records)
+            self.in_flight.track(future, len(records), sum(len(value) for _, value in records))
+            self.sent.append(([event for event, _, _ in self.chunk], future))
             self.chunk = []
 
     def acked(self) -> asyncio.Future:
@@ -152,13 +186,16 @@ class ThreadOutbox:
 class FaustOutbox:
     """An Outbox sent through Faust's producer, as under exactly-once its transaction requires."""
 
-    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str) -> None:
+    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str,
+                 in_flight: OutputsInFlight) -> None:
         self.topic, self.dead_letters, self.stage = topic, dead_letters, stage
+        self.in_flight = in_flight
         self.deliveries: list = []
 
     async def add(self, event: EventT, key: bytes, value: bytes) -> None:
         delivery = await self.dead_letters.emit(event, stage=self.stage, topic=self.topic, key=key, value=value)
         if delivery is not None:
+            self.in_flight.track(asyncio.ensure_future(delivery), 1, len(value))  # a Future already
             self.deliveries.append(delivery)
 
     def hand_over(self) -> None:

@@ -20,7 +20,7 @@ from streamapp.tables.memory import RocksMemory
 from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import Metrics
-from streamapp.worker.outputs import FaustOutbox, Outbox, OutputThread, ThreadOutbox
+from streamapp.worker.outputs import FaustOutbox, Outbox, OutputsInFlight, OutputThread, ThreadOutbox
 
 T = TypeVar("T")
 
@@ -53,6 +53,7 @@ class Stage:
     # stays free to heartbeat while a frame is decoded, detected or drawn.
     pixels: ThreadPoolExecutor = dataclasses.field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="pixels"))
+    outputs_in_flight: OutputsInFlight = dataclasses.field(default_factory=OutputsInFlight)
 
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
@@ -60,8 +61,8 @@ class Stage:
     def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
         """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""
         if self.output_thread is None:
-            return FaustOutbox(topic, self.dead_letters, stage)
-        return ThreadOutbox(topic, self.dead_letters, stage, self.output_thread)
+            return FaustOutbox(topic, self.dead_letters, stage, self.outputs_in_flight)
+        return ThreadOutbox(topic, self.dead_letters, stage, self.output_thread, self.outputs_in_flight)
 
     async def stop_outputs(self) -> None:
         if self.output_thread is not None:

@@ -91,10 +91,15 @@ def test_a_backlog_joins_every_pair(join_settings, workers, results):
     settings = join_settings()
     pairs = pair_records("backlog", BACKLOG_PAIRS, start_ms=int(time.time() * 1000) - 600_000)
     asyncio.run(send_pairs(settings, pairs, results=results))
-    stats = drained(workers(settings), BACKLOG_PAIRS)
+    worker = workers(settings)
+    stats = drained(worker, BACKLOG_PAIRS)
     assert stats["join_joined_total"] == BACKLOG_PAIRS, stats
     assert stats["join_orphan_results_total"] == 0
     assert_each_frame_once(settings, pairs, outcome="joined")
+    # Decided is not yet delivered: once nothing is in flight, every output was acknowledged.
+    stats = wait_until(lambda: (now := worker.stats())["outputs_in_flight_records"] == 0 and now, 10,
+                       "the join's outputs to be acknowledged")
+    assert stats["outputs_acked_total"] == BACKLOG_PAIRS and stats["outputs_in_flight_bytes"] == 0, stats
 
 
 def test_input_faster_than_the_worker_leaves_no_frame_falsely_unmatched(join_settings, workers):

@@ -1,5 +1,6 @@
 """An outbox's ``acked()`` is only for waiting: it is done once every output is acknowledged or
-failed, never fails itself, and ``delivered()`` is where a failure is raised (streamapp.worker.outputs)."""
+failed, never fails itself, and ``delivered()`` is where a failure is raised; the outputs on their
+way are counted until they are acknowledged (streamapp.worker.outputs)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import gc
 import pytest
 from aiokafka.errors import KafkaError
 
-from streamapp.worker.outputs import FaustOutbox
+from streamapp.worker.outputs import FaustOutbox, OutputsInFlight
 
 
 class _Emitting:
@@ -28,15 +29,20 @@ def test_acked_waits_for_all_outputs_and_leaves_a_failure_to_delivered():
         unhandled: list[dict] = []
         loop.set_exception_handler(lambda loop, context: unhandled.append(context))
         failed, sent = loop.create_future(), loop.create_future()
-        outbox = FaustOutbox(topic=None, dead_letters=_Emitting([failed, sent]), stage="join")
+        in_flight = OutputsInFlight()
+        outbox = FaustOutbox(topic=None, dead_letters=_Emitting([failed, sent]), stage="join", in_flight=in_flight)
         for _ in range(2):
             await outbox.add(object(), b"key", b"value")
         acked = outbox.acked()
         failed.set_exception(KafkaError("broker gone"))
         await asyncio.sleep(0)
         assert not acked.done()  # the other output is still on its way
+        assert in_flight.as_metrics() == {"outputs_in_flight_records": 1, "outputs_in_flight_bytes": 5,
+                                          "outputs_acked_total": 0}
         sent.set_result(None)
         await acked  # done, and does not raise
+        assert in_flight.as_metrics() == {"outputs_in_flight_records": 0, "outputs_in_flight_bytes": 0,
+                                          "outputs_acked_total": 1}
         # A waiter that stopped waiting (input came first) drops it: nothing is left unretrieved.
         outbox.acked()
         await asyncio.sleep(0)
@@ -44,5 +50,25 @@ def test_acked_waits_for_all_outputs_and_leaves_a_failure_to_delivered():
         assert unhandled == []
         with pytest.raises(KafkaError, match="broker gone"):
             await outbox.delivered()
+
+    asyncio.run(scenario())
+
+
+def test_outputs_count_in_flight_until_acknowledged_and_refused_ones_are_not_acked():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        in_flight = OutputsInFlight()
+        chunk, other, lost = loop.create_future(), loop.create_future(), loop.create_future()
+        in_flight.track(chunk, 3, 300)
+        in_flight.track(other, 1, 50)
+        in_flight.track(lost, 2, 20)
+        assert (in_flight.records, in_flight.bytes) == (6, 370)
+        chunk.set_result([None, "MessageSizeTooLargeError", None])  # a chunk: the refusal of each
+        other.set_result(object())                                  # one output's metadata
+        lost.set_exception(KafkaError("broker gone"))
+        await asyncio.sleep(0)
+        assert in_flight.as_metrics() == {"outputs_in_flight_records": 0, "outputs_in_flight_bytes": 0,
+                                          "outputs_acked_total": 3}
+        lost.exception()
 
     asyncio.run(scenario())
