@@ -10,18 +10,25 @@ copied into JSON, so a 250 KB frame costs 250 KB plus about 150 bytes on the wir
 
 Decoders validate everything a producer could get wrong and raise :class:`WireError` with a reason
 that names the field; callers dead-letter the original bytes with that reason.
+
+Headers are parsed and written with ``orjson``: the standard library's parse (with the copy it needs
+of the header) and encode were 6.7 and 5.9 µs per header here against 1.6 and 0.4, and a join
+parses two headers and writes one per pair. It reads what any JSON writer writes and is stricter
+only where JSON is (``NaN`` is not JSON; integers past 64 bits come back as floats, which fail the
+integer checks).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import struct
 import threading
 import time
 from typing import cast
+
+import orjson
 
 from streamapp.errors import StreamappError
 
@@ -37,8 +44,6 @@ MAX_DIMENSION = 16384
 MIN_TIMESTAMP_MS = 946_684_800_000
 MAX_TIMESTAMP_MS = 7_258_118_400_000
 _JPEG_START = b"\xff\xd8"
-# json.dumps with separators builds an encoder per call; this one is built once.
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 class Kind:
@@ -184,7 +189,7 @@ def _detections_header(detections: Detections) -> dict:
 
 
 def _pack(kind: bytes, header: dict, body: bytes) -> bytes:
-    header_bytes = _COMPACT_JSON.encode(header).encode()
+    header_bytes = orjson.dumps(header)  # compact, UTF-8
     return _PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes)) + header_bytes + body
 
 
@@ -282,8 +287,8 @@ def _unpack_header(value: bytes | None) -> tuple[bytes, dict, int]:
     if len(value) < end:
         raise WireError(f"truncated: header says {header_length} bytes, {len(value) - _PREFIX.size} present")
     try:
-        header = json.loads(bytes(value[_PREFIX.size:end]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = orjson.loads(value[_PREFIX.size:end])  # a slice of a view is not copied
+    except orjson.JSONDecodeError as exc:  # malformed JSON and invalid UTF-8 alike
         raise WireError(f"header is not UTF-8 JSON: {exc}") from None
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
