@@ -18,23 +18,14 @@ import asyncio
 import functools
 from asyncio import CancelledError
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.types import TP, TableT
+
+from streamapp.recordbatches import Delivery, send_in_batches
 
 if TYPE_CHECKING:
     from streamapp.tables.store import JoinStore
-
-
-class Delivery(NamedTuple):
-    """Records sent at once: the future of the first one's metadata, and how many there are."""
-
-    future: asyncio.Future
-    records: int
-
-    def last_offset(self) -> int:
-        return self.future.result().offset + self.records - 1
 
 
 class ChangelogWriter:
@@ -52,25 +43,10 @@ class ChangelogWriter:
             deliveries = [
                 Delivery(cast(asyncio.Future, await transactions.send(topic, key, value, partition, None, None)), 1)
                 for key, value in changes]
-        else:
-            deliveries = await self._send_batches(topic, partition, changes)
+        else:  # aiokafka's per-record send was a twentieth of the join's loop for these records alone
+            producer = cast(Any, app.producer)._ensure_producer()  # Faust's aiokafka producer
+            deliveries = await send_in_batches(producer, topic, partition, changes)
         deliveries[-1].future.add_done_callback(functools.partial(self._delivered, deliveries))
-
-    async def _send_batches(self, topic: str, partition: int,
-                            changes: Sequence[tuple[bytes, bytes | None]]) -> list[Delivery]:
-        """The records in as few record batches as they fill, in order. aiokafka's per-record send
-        (a future, a metadata check and an accumulator lookup each) cost the join worker a
-        twentieth of its loop for these records alone."""
-        producer = cast(Any, self.table.app.producer)._ensure_producer()  # Faust's aiokafka producer
-        deliveries = []
-        batch = producer.create_batch()
-        for key, value in changes:
-            if batch.append(timestamp=None, key=key, value=value) is None:  # full
-                deliveries.append(await _send_batch(producer, batch, topic, partition))
-                batch = producer.create_batch()
-                batch.append(timestamp=None, key=key, value=value)  # an empty batch takes any record
-        deliveries.append(await _send_batch(producer, batch, topic, partition))
-        return deliveries
 
     def _delivered(self, deliveries: list[Delivery], last: asyncio.Future) -> None:
         app = self.table.app
@@ -89,7 +65,3 @@ class ChangelogWriter:
         else:
             store.set_persisted_offset(tp, offset)
 
-
-async def _send_batch(producer: Any, batch: BatchBuilder, topic: str, partition: int) -> Delivery:
-    batch.close()  # queued as it is: the producer's own sends do not join it
-    return Delivery(await producer.send_batch(batch, topic, partition=partition), batch.record_count())

@@ -16,6 +16,10 @@ alternating runs; three connections were no faster than two). Outputs of one par
 leave in another order than decided; nothing downstream needs their order (frames already leave
 the join out of order: unmatched ones a TTL later), and every batch still waits for all its acks.
 
+A chunk's records go to the producer in record batches per partition (streamapp.recordbatches),
+not through aiokafka's per-record ``send``; a record larger than a request is refused by
+position before anything is sent, as ``send`` would.
+
 Under exactly-once the outputs must join Faust's transaction: they go through Faust's producer.
 """
 
@@ -33,6 +37,7 @@ from aiokafka.errors import KafkaError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import EventT, ProducerT
 
+from streamapp.recordbatches import Delivery, send_in_batches
 from streamapp.worker.deadletter import DeadLetters
 
 # Outputs handed to the thread at once: small enough that the thread starts sending early in a
@@ -64,19 +69,16 @@ class OutputThread:
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._send(topic, records), self.loop))
 
     async def _send(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> list[str | None]:
-        refused: list[str | None] = []
-        deliveries = []
+        deliveries: list[Delivery] = []
         async with self.sending:  # chunks are handed to the producers in the order they came
             producers = await self._started()
             producer = producers[self.chunks_sent % len(producers)]
             self.chunks_sent += 1
-            for key, value in records:
-                try:
-                    deliveries.append(await producer.send(topic, value, key=key))
-                    refused.append(None)
-                except KafkaError as exc:  # too large for a request: refused before anything is sent
-                    refused.append(repr(exc))
-        await asyncio.gather(*deliveries)
+            await producer.client._wait_on_metadata(topic)  # as send() does: the topic's partitions
+            refused, by_partition = _partitioned(producer, topic, records)
+            for partition, pending in by_partition.items():
+                deliveries += await send_in_batches(producer, topic, partition, pending)
+        await asyncio.gather(*(delivery.future for delivery in deliveries))
         return refused
 
     async def _started(self) -> list[AIOKafkaProducer]:
@@ -99,6 +101,25 @@ class OutputThread:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(producer.stop(), self.loop))
         self.loop.call_soon_threadsafe(self.loop.stop)
         await asyncio.to_thread(self.thread.join)
+
+
+def _partitioned(producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, bytes]]
+                 ) -> tuple[list[str | None], dict[int, list[tuple[bytes, bytes]]]]:
+    """Each record's refusal, by position (a record larger than a request, which ``send`` would
+    refuse before sending anything; None: it goes), and the records that go, by the partition
+    the producer's partitioner picks, in order."""
+    refused: list[str | None] = []
+    by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+    for key, value in records:
+        try:
+            producer._serialize(key, value, [])  # the producer's own size check
+        except KafkaError as exc:
+            refused.append(repr(exc))
+            continue
+        refused.append(None)
+        partition = producer._partition(topic, None, key, value, key, value)
+        by_partition.setdefault(partition, []).append((key, value))
+    return refused, by_partition
 
 
 class OutputsInFlight:
