@@ -11,6 +11,7 @@ import io
 import json
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -279,5 +280,15 @@ def test_every_install_is_pinned_by_the_constraints_file():
     pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
                 if line and not line.startswith("#"))
     assert {"faust-streaming", "aiokafka", "rocksdict", "numpy", "opencv-python-headless"} <= set(pins)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    required = [re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0] for spec in
+                [*project["dependencies"], *project["optional-dependencies"]["test"]]]
+    pinned = {_normalized(name) for name in pins}
+    assert [name for name in required if _normalized(name) not in pinned] == [], "not pinned in constraints.txt"
+
+
+def _normalized(name: str) -> str:
+    """A distribution's name as pip compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
     assert "-c constraints.txt" in (REPO / "run").read_text()
     assert "-c /src/constraints.txt" in (REPO / "Dockerfile").read_text()
