@@ -100,14 +100,18 @@ def is_sustained(step: dict) -> bool:
             and step["lag_growth_pairs_per_s"] <= LAG_GROWTH_TOLERANCE * step["rate"])
 
 
+def tries_by_rate(steps: list[dict]) -> dict[float, list[dict]]:
+    """Every try of each rate, rates in the order first tried, tries in the order run."""
+    tries: dict[float, list[dict]] = {}
+    for step in steps:
+        tries.setdefault(step["rate"], []).append(step)
+    return tries
+
+
 def rate_outcomes(steps: list[dict]) -> list[dict]:
     """One step per rate tried, lowest rate first: its first sustained try, else its last."""
-    by_rate: dict[float, dict] = {}
-    for step in steps:
-        kept = by_rate.get(step["rate"])
-        if kept is None or not kept["sustained"]:
-            by_rate[step["rate"]] = step
-    return [by_rate[rate] for rate in sorted(by_rate)]
+    return [next((step for step in tries if step["sustained"]), tries[-1])
+            for _, tries in sorted(tries_by_rate(steps).items())]
 
 
 def max_sustained(steps: list[dict]) -> dict:
@@ -196,7 +200,7 @@ def markdown(report: dict) -> str:
         f"of {', '.join(f'{rate:g}' for rate in options['rates'])} pairs/s after a {options['warmup_s']:g} s "
         f"warm-up at the first, stopping at a system's first rate not sustained; then up to "
         f"{options['refine_steps']} refined steps, each halfway between the highest rate sustained and the "
-        f"lowest not. {_retries_note(options.get('retries', 0))}",
+        f"lowest not. {_retries_note(options['retries'])}",
         "",
         "## Backlog drain",
         "",
@@ -279,9 +283,7 @@ def _live_row(system: dict, rates: list[float]) -> str:
         best_text = f"≥ {best_text}"
     elif best["limited_by"] == "load":
         best_text += " (load limit)"
-    tries: dict[float, list[dict]] = {}
-    for step in live["steps"]:
-        tries.setdefault(step["rate"], []).append(step)
+    tries = tries_by_rate(live["steps"])
     cells = [_tries_cell(tries.get(rate, [])) for rate in rates]
     refined = "; ".join(f"{rate:g}/s: {_tries_cell(steps)}" for rate, steps in tries.items() if rate not in rates)
     return f"| {system['label']} | {best_text} | " + " | ".join(cells) + f" | {refined or '–'} |"
