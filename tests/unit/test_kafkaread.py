@@ -1,14 +1,18 @@
-"""WholeResponseReader hands aiokafka exactly the bytes asyncio's reader would, over a real socket."""
+"""WholeResponseReader hands aiokafka exactly the bytes asyncio's reader would, over a real socket,
+and a large response decodes from its chunks as it would from the joined bytes."""
 
 from __future__ import annotations
 
 import asyncio
+import io
+import itertools
 import random
 import struct
 
 import pytest
+from aiokafka.protocol.fetch import FetchResponse_v4
 
-from streamapp.kafkaread import WHOLE_FROM_BYTES, WholeResponseReader
+from streamapp.kafkaread import WHOLE_FROM_BYTES, ChunksReader, ResponseChunks, WholeResponseReader, _ResponseIO
 
 MIB = 1024**2
 
@@ -19,10 +23,13 @@ def framed(payload: bytes) -> bytes:
 
 
 async def read_response(reader: asyncio.StreamReader) -> bytes:
-    """As aiokafka reads one: the size, then exactly that many bytes (a lost byte fails, not hangs)."""
+    """As aiokafka reads one: the size, then exactly that many bytes (a lost byte fails, not hangs);
+    then all of it read as aiokafka's decoders would."""
     async with asyncio.timeout(30):
         (size,) = struct.unpack(">i", await reader.readexactly(4))
-        return await reader.readexactly(size)
+        response = await reader.readexactly(size)
+        assert isinstance(response, ResponseChunks) == (size >= WHOLE_FROM_BYTES)
+        return _ResponseIO.BytesIO(response).read()
 
 
 async def connected_reader(wire: bytes, *, piece: int, close: bool = True) -> WholeResponseReader:
@@ -79,3 +86,35 @@ def test_a_connection_closed_inside_a_large_response_raises_with_what_came():
     with pytest.raises(asyncio.IncompleteReadError) as raised:
         asyncio.run(scenario())
     assert (len(raised.value.partial), raised.value.expected) == (MIB, 2 * MIB)
+
+
+def chunked(data: bytes, rng: random.Random, extra: bytes = b"") -> ResponseChunks:
+    """``data`` cut at random places (some cuts empty), the last chunk running on into ``extra``."""
+    cuts = sorted(rng.randrange(len(data) + 1) for _ in range(rng.randrange(8)))
+    bounds = [0, *cuts, len(data)]
+    pieces = [data[start:end] for start, end in itertools.pairwise(bounds)]
+    pieces[-1] += extra
+    return ResponseChunks(pieces, len(data))
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_reads_from_chunks_match_reads_from_the_joined_bytes(seed):
+    rng = random.Random(seed)
+    data = rng.randbytes(rng.randrange(1, 3000))
+    chunks, joined = ChunksReader(chunked(data, rng, extra=b"next response")), io.BytesIO(data)
+    for _ in range(40):
+        size = rng.choice([-1, 0, 1, 2, 4, 8, rng.randrange(len(data) + 10)])
+        expected = joined.read(size)
+        got = chunks.read(size)
+        assert type(got) is bytes and got == expected, (size, len(expected))
+
+
+def test_a_fetch_response_decodes_from_chunks_as_from_its_bytes():
+    rng = random.Random(7)
+    records = [rng.randbytes(rng.randrange(10, 200_000)) for _ in range(6)]
+    response = FetchResponse_v4(throttle_time_ms=0, topics=[
+        ("frames", [(number, 0, 1000 + number, 1000 + number, [], records[number]) for number in range(3)]),
+        ("results", [(number, 0, 5, 5, [(1, 2)], records[3 + number]) for number in range(3)])]).encode()
+    from_chunks = FetchResponse_v4.decode(_ResponseIO.BytesIO(chunked(response, rng, extra=b"\0" * 9)))
+    assert from_chunks.to_object() == FetchResponse_v4.decode(io.BytesIO(response)).to_object()
+    assert [partition[-1] for _, partitions in from_chunks.topics for partition in partitions] == records
