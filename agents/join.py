@@ -412,6 +412,7 @@ def register(stage: Stage) -> None:
     hold_back = PartnerHoldBack(progress, stage.batch_bytes)
     stage.metrics.add_gauges(joiner.counts.as_metrics)
     stage.metrics.add_gauges(disk.as_metrics)
+    stage.readiness.add("join disk not paused", lambda: not disk.paused)
     stage.metrics.add_gauges(in_step.as_metrics)
     stage.metrics.add_gauges(hold_back.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))

@@ -614,6 +614,7 @@ def register(stage: Stage) -> None:
                                       "sink_duplicates_total": files.duplicates,
                                       "sink_videos_active": videos.active,
                                       **retention.as_metrics(), **space.as_metrics("sink_")})
+    stage.readiness.add("sink disk not paused", lambda: not space.paused)
     latest = LatestFrames(settings.preview_bytes)
     stage.serve_preview(latest)
     stage.metrics.declare("sink_records_in_total")

@@ -31,6 +31,8 @@ _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
 # Faust's names; docs/exactly-once.md says how exactly-once fared when workers were killed.
 AT_LEAST_ONCE = "at_least_once"
 PROCESSING_GUARANTEES = (AT_LEAST_ONCE, "exactly_once")
+# A worker's log lines: Faust's text, or one JSON object per line (streamapp.worker.logs).
+LOG_FORMATS = ("text", "json")
 
 
 class SettingsError(UsageError, ValueError):
@@ -86,6 +88,7 @@ class Settings:
     static_membership: bool = True
     # Latest annotated frame per stream kept for the sink's live preview page; 0 turns it off.
     preview_bytes: int = 32 * 1024**2
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         unknown = set(self.stages) - set(STAGES)
@@ -126,6 +129,7 @@ class Settings:
         _require(1 <= self.infer_batch <= 64, "STREAMAPP_INFER_BATCH must be 1..64")
         _require(self.processing_guarantee in PROCESSING_GUARANTEES,
                  f"STREAMAPP_PROCESSING_GUARANTEE must be one of {', '.join(PROCESSING_GUARANTEES)}")
+        _require(self.log_format in LOG_FORMATS, f"STREAMAPP_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
 
     @property
     def group_id(self) -> str:
@@ -287,4 +291,5 @@ _ENV = {
     "replication_factor": ("STREAMAPP_REPLICATION_FACTOR", _int),
     "static_membership": ("STREAMAPP_STATIC_MEMBERSHIP", _bool),
     "preview_bytes": ("STREAMAPP_PREVIEW_BYTES", _size),
+    "log_format": ("STREAMAPP_LOG_FORMAT", _text),
 }

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +86,15 @@ class Worker(Process):
         url = f"http://127.0.0.1:{self.settings.web_port}/streamapp/stats/"
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return json.loads(response.read())
+
+    def readiness(self, timeout_s: float = 5.0) -> tuple[int, dict]:
+        """``/readyz``: its status (200 ready, 503 not) and the conditions it reports."""
+        url = f"http://127.0.0.1:{self.settings.web_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
 
 
 def wait_until(condition: Callable[[], T], timeout_s: float, what: str, *, poll_s: float = 0.25) -> T:

@@ -167,7 +167,8 @@ class StreamappConsumer(faust_aiokafka.Consumer):
             log.debug("cannot read the log start offsets of %s: %r", waiting, exc)
             return
         for deleted in self.unread_gaps.judge(log_starts):
-            log.warning("%s", deleted.warning())
+            log.warning("%s", deleted.warning(), extra={"topic": deleted.tp.topic, "partition": deleted.tp.partition,
+                                                        "offsets": [deleted.first, deleted.last]})
 
     def deleted_unread_gauges(self) -> dict[str, float]:
         return self.unread_gaps.as_metrics(self.read_from)

@@ -30,7 +30,8 @@ class DeadLetters:
         """Dead-letter ``event``: exactly one record, whatever the record is (R11)."""
         message = event.message
         log.warning("dead-lettered %s[%d]@%d in %s: %s",
-                    message.topic, message.partition, message.offset, stage, reason)
+                    message.topic, message.partition, message.offset, stage, reason,
+                    extra={"topic": message.topic, "partition": message.partition, "offset": message.offset})
         headers = dead_letter_headers(stage, reason, message.topic, message.partition, message.offset)
         try:
             # A record with neither key nor value (an empty tombstone) cannot be produced as is.

@@ -23,7 +23,7 @@ from streamapp.errors import StreamappError, one_line
 from streamapp.settings import Settings
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
-from streamapp.worker import consumer
+from streamapp.worker import consumer, health, logs
 from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import (
@@ -161,6 +161,8 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         processing_guarantee=settings.processing_guarantee,
         TableManager=PromptTableManager,
     )
+    if settings.log_format == "json":
+        app.conf.logging_config = logs.logging_config(",".join(settings.stages), lambda: app.conf.web_port)
     app.streamapp_settings = settings
     app.memory_plan = plan
     app.dropped = OverloadCounts()
@@ -194,6 +196,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         output_thread=OutputThread(app.producer, name="outputs") if output_thread else None,
     )
     metrics.add_gauges(stage.outputs_in_flight.as_metrics)
+    health.register(app, stage.readiness, metrics)
     for name in settings.stages:
         importlib.import_module(f"streamapp.agents.{name}").register(stage)
 

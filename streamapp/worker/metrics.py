@@ -127,6 +127,7 @@ HELP: dict[str, str] = {
     "disk_early_expired_total": "Join entries expired before their deadline to stay within the disk budget.",
     "disk_full_pauses_total": "Times the join paused because the disk was full.",
     "disk_full_paused": "1 while the join waits for disk space, else 0.",
+    "worker_ready": "1 while every readiness condition of the worker holds (/readyz answers 200), else 0.",
 }
 
 

@@ -19,6 +19,7 @@ from streamapp.settings import Settings
 from streamapp.tables.memory import RocksMemory
 from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
+from streamapp.worker.health import Readiness
 from streamapp.worker.metrics import Metrics
 from streamapp.worker.outputs import FaustOutbox, Outbox, OutputsInFlight, OutputThread, ThreadOutbox
 
@@ -54,6 +55,8 @@ class Stage:
     pixels: ThreadPoolExecutor = dataclasses.field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="pixels"))
     outputs_in_flight: OutputsInFlight = dataclasses.field(default_factory=OutputsInFlight)
+    # What /readyz checks: a stage adds what can stop it taking records (e.g. a full disk).
+    readiness: Readiness = dataclasses.field(default_factory=Readiness)
 
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)

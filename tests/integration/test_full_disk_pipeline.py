@@ -40,6 +40,13 @@ def _stats(pipeline, stage):
         return {}
 
 
+def _unmet(pipeline, stage):
+    """The readiness conditions /readyz names as not met; 503 exactly when there are some."""
+    status, body = pipeline.workers[stage].readiness()
+    assert status == (503 if body["unmet"] else 200)
+    return body["unmet"]
+
+
 def _waited(condition, timeout_s=60):
     return asyncio.run(wait_for(condition, timeout_s)) is not None
 
@@ -70,6 +77,9 @@ def test_a_full_disk_pauses_the_join_and_the_sink_until_space_returns(kafka_boot
         join_filler = fill_disk(data_disk)
         ids += asyncio.run(publish_frames(settings, "cam", BATCH, seed=3))
         assert _waited(lambda: join().get("disk_full_paused") == 1)
+        # Paused, neither is ready, and each says why.
+        assert _unmet(pipeline, "join") == ["join disk not paused"]
+        assert _unmet(pipeline, "sink") == ["sink disk not paused"]
         paused_at = join().get("join_frames_in_total")
         written_while_full = sink()["sink_frames_written_total"]
         assert written_while_full < 2 * BATCH
@@ -78,6 +88,7 @@ def test_a_full_disk_pauses_the_join_and_the_sink_until_space_returns(kafka_boot
         join_filler.unlink()
         sink_filler.unlink()
         assert _waited(lambda: join().get("disk_full_paused") == 0 and sink().get("sink_disk_full_paused") == 0)
+        assert _unmet(pipeline, "join") == _unmet(pipeline, "sink") == []
         assert _waited(lambda: sink().get("sink_frames_written_total") == 3 * BATCH, 90)
         assert join()["join_frames_in_total"] == 3 * BATCH > paused_at - 1
         assert join()["disk_full_pauses_total"] >= 1 and sink()["sink_disk_full_pauses_total"] >= 1

@@ -282,7 +282,7 @@ def test_metric_names_follow_prometheus_conventions(name):
     assert re.fullmatch(r"[a-z][a-z0-9_]*", name)
     if name.endswith("_total"):
         return
-    units = "bytes|seconds|entries|records|objects|ratio|streams|active|partition|partitions|paused"
+    units = "bytes|seconds|entries|records|objects|ratio|streams|active|partition|partitions|paused|ready"
     assert re.search(rf"_({units})$", name), name
 
 
