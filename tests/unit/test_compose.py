@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
+from streamapp import assets
 from streamapp.settings import STAGES, Settings
 from streamapp.tools.cli import build_parser
 
@@ -59,6 +60,20 @@ def profile(service: dict) -> str:
     profiles = service.get("profiles", [])
     assert len(profiles) <= 1, f"a service in several profiles: {profiles}"
     return profiles[0] if profiles else ""
+
+
+# Profiles that run beside the default services, replacing some of them (named on the command line).
+ADD_ON_PROFILES = {"synthetic"}
+
+
+def may_use(service: dict, other: dict) -> bool:
+    """Whether ``service`` may depend on or connect to ``other``: one of its own profile, or, from
+    an add-on profile, one of the default stack."""
+    return profile(other) == profile(service) or (profile(service) in ADD_ON_PROFILES and profile(other) == "")
+
+
+def stage_of(service: dict) -> str:
+    return environment(service).get("STREAMAPP_STAGES", "")
 
 
 def interpolate(value) -> str:
@@ -118,7 +133,8 @@ def test_a_misspelt_key_or_value_fails_the_schema(right, misspelt):
 
 
 def test_every_worker_publishes_its_web_port_on_the_loopback():
-    host_ports = []
+    host_ports: dict[str, int] = {}
+    replacing = {}
     for name, _ in commands_of("faust"):
         service = SERVICES[name]
         published = [str(port).rsplit(":", 2) for port in service.get("ports", [])]
@@ -127,9 +143,13 @@ def test_every_worker_publishes_its_web_port_on_the_loopback():
         assert address == "127.0.0.1", f"{name} publishes beyond this machine"
         if "deploy" in service:
             assert host == "", f"{name}: replicas need a free host port each, not {host}"
+        elif profile(service) in ADD_ON_PROFILES:
+            replacing[stage_of(service)] = int(host)
         else:
-            host_ports.append(int(host))
-    assert len(host_ports) == len(set(host_ports)) == len(STAGES)
+            host_ports[stage_of(service)] = int(host)
+    assert len(host_ports) == len(set(host_ports.values())) == len(STAGES)
+    # A worker of an add-on profile takes the place (and the port) of the default one of its stage.
+    assert all(host_ports[stage] == port for stage, port in replacing.items())
 
 
 def test_every_service_has_an_image_or_build_and_ours_a_command():
@@ -145,10 +165,79 @@ def test_build_context_has_a_dockerfile_whose_sources_exist():
     assert contexts == {"."}
     dockerfile = (REPO / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim", dockerfile, re.M)
-    for line in re.findall(r"^COPY (.+)$", dockerfile, re.M):
+    for line in re.findall(r"^COPY (?!--from=)(.+)$", dockerfile, re.M):
         for source in line.split()[:-1]:
             if not source.startswith("--"):
                 assert (REPO / source).exists() or source == "README.md", source
+
+
+def dockerfile_stages() -> list[tuple[str, list[str]]]:
+    """The Dockerfile's build stages: (name, instructions with continuation lines joined)."""
+    text = re.sub(r"\\\n\s*", " ", (REPO / "Dockerfile").read_text())
+    stages: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("FROM "):
+            stages.append((line.split(" AS ")[1].strip() if " AS " in line else "", []))
+        elif line.strip() and not line.startswith("#"):
+            stages[-1][1].append(line.strip())
+    return stages
+
+
+def image_assets_home() -> Path:
+    """Where the image keeps the model and the samples, after checking that a build stage fetches
+    them with the commands users run and the final stage copies them and points the cache there."""
+    stages = dict(dockerfile_stages())
+    *_, (final_name, final) = dockerfile_stages()
+    [(fetching, run)] = [(name, line) for name, lines in stages.items() for line in lines
+                         if name != final_name and line.startswith("RUN") and assets.MODEL_FETCH in line]
+    fetched_into = set(re.findall(r"STREAMAPP_ASSETS_HOME=(\S+) streamapp", run))
+    assert len(fetched_into) == 1, run
+    assert {assets.MODEL_FETCH, assets.SAMPLES_FETCH} <= {f"streamapp {word}" for word in re.findall(
+        r"streamapp (\w+)", run)}
+    assert "apt-get update" in run, "vtest.avi comes from Debian's opencv-doc (`apt-get download`)"
+    [copy] = [line for line in final if line.startswith(f"COPY --from={fetching} ")]
+    _, _, source, target = copy.split()
+    assert {source} == fetched_into
+    env = dict(item.split("=", 1) for line in final if line.startswith("ENV ") for item in line.split()[1:])
+    assert env["STREAMAPP_ASSETS_HOME"] == target
+    return Path(target)
+
+
+def test_the_image_fetches_the_model_and_the_samples_in_a_build_stage_and_carries_them():
+    assert image_assets_home().is_absolute()
+
+
+def test_the_default_stack_runs_yolo_on_the_samples_the_image_carries():
+    home = image_assets_home()
+    default = {name: service for name, service in SERVICES.items() if profile(service) == ""}
+    [infer] = [s for s in default.values() if "faust" in argv(s)[:1] and stage_of(s) == "infer"]
+    assert Settings.from_env(environment(infer)).detector == "yolo"
+    produced = [argv(s) for s in default.values() if argv(s)[:2] == ["streamapp", "produce"]]
+    videos = {Path(args[args.index("--video") + 1]) for args in produced}
+    assert videos == {asset.path(home) for asset in assets.SAMPLES}
+    assert not any("--synthetic" in args for args in produced)
+
+
+def test_the_synthetic_profile_runs_the_colour_detector_on_synthetic_streams():
+    synthetic = {name: service for name, service in SERVICES.items() if profile(service) == "synthetic"}
+    [infer] = [s for s in synthetic.values() if "faust" in argv(s)[:1]]
+    assert stage_of(infer) == "infer" and Settings.from_env(environment(infer)).detector == "color"
+    [source] = [argv(s) for s in synthetic.values() if argv(s)[:2] == ["streamapp", "produce"]]
+    assert "--synthetic" in source
+    # Named on the command line in the file's header, with the default services it runs beside.
+    header = COMPOSE_TEXT.split("\nname:")[0].replace("\\\n#", "")
+    [line] = re.findall(r"docker compose --profile synthetic up --build ([^\n]+)", header)
+    named = set(line.split())
+    assert set(synthetic) <= named and "infer" not in named
+    assert {name for name in named if name in SERVICES} == named
+
+
+def test_every_worker_is_healthy_once_its_readiness_endpoint_says_ready():
+    for name, _ in commands_of("faust"):
+        service = SERVICES[name]
+        test = service["healthcheck"]["test"]
+        assert f"127.0.0.1:{web_port(service)}/readyz" in " ".join(test), name
+        assert environment(service)["STREAMAPP_WEB_BIND"] == "0.0.0.0", f"{name}: a published port needs it"
 
 
 def test_depends_on_names_existing_services_with_valid_conditions():
@@ -156,7 +245,7 @@ def test_depends_on_names_existing_services_with_valid_conditions():
         for other, condition in depends_on(service).items():
             assert other in SERVICES, f"{name} depends on unknown service {other}"
             assert other != name
-            assert profile(SERVICES[other]) == profile(service), f"{name} depends on {other} of another profile"
+            assert may_use(service, SERVICES[other]), f"{name} depends on {other} of another profile"
             assert condition in ("service_started", "service_healthy", "service_completed_successfully")
             if condition == "service_healthy":
                 assert "healthcheck" in SERVICES[other], f"{other} has no healthcheck for {name} to wait on"
@@ -211,7 +300,7 @@ def test_every_service_environment_is_valid_settings():
             for address in settings.bootstrap_servers.split(","):
                 host = address.split(":")[0]
                 assert host in SERVICES, f"{name}: STREAMAPP_BROKER names unknown host {host}"
-                assert profile(SERVICES[host]) == profile(service), f"{name} uses {host} of another profile"
+                assert may_use(service, SERVICES[host]), f"{name} uses {host} of another profile"
 
 
 @pytest.mark.parametrize("in_profile", ["", "cluster"])
