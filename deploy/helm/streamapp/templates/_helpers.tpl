@@ -69,7 +69,9 @@ containers:
       - name: STREAMAPP_SINK_DISK_BUDGET
         value: "{{ $values.diskBudgetMiB }}MiB"
       {{- end }}
-      {{- include "streamapp.secretEnv" $ | nindent 6 }}
+      {{- with include "streamapp.secretEnv" $ }}
+      {{- . | trim | nindent 6 }}
+      {{- end }}
     ports:
       - name: web
         containerPort: 6066
