@@ -248,6 +248,12 @@ def test_managed_kafka_credentials_reach_the_workers_only_through_the_secret(hel
         assert mounts["kafka-credentials"] == "/etc/streamapp/kafka"
 
 
+def test_a_mechanism_the_chart_cannot_set_up_is_refused_at_render_time(helm):
+    finished = subprocess.run([str(helm), "template", "streamapp", str(CHART), *VALUE_SETS["managed-kafka"],
+                               "--set", "kafka.saslMechanism=OAUTHBEARER"], capture_output=True, text=True, timeout=120)
+    assert finished.returncode != 0 and "OAUTHBEARER" in finished.stderr
+
+
 def test_a_missing_password_is_refused_at_render_time(helm):
     args = [arg for arg in VALUE_SETS["managed-kafka"] if "saslPassword" not in arg]
     args.remove("--set")
