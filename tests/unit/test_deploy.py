@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
+import promql_parser
 import pytest
 import yaml
 
@@ -266,8 +267,7 @@ def test_a_missing_password_is_refused_at_render_time(helm):
 
 ALERTS = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
 DASHBOARD = json.loads((CHART / "files" / "dashboard.json").read_text())
-PROMQL_WORDS = {"by", "without", "and", "or", "unless", "on", "ignoring", "group_left", "group_right", "bool",
-                "offset", "inf", "nan"}
+
 
 
 def metric_rows() -> set[str]:
@@ -276,17 +276,21 @@ def metric_rows() -> set[str]:
 
 
 def metrics_in(expr: str) -> set[str]:
-    """The metric names a PromQL expression reads; a ``{__name__=~"..."}`` selector stands for the
-    documented metrics its pattern matches (at least one)."""
+    """The metric names a PromQL expression reads (parsed, so a syntax error fails here); a
+    ``{__name__=~"..."}`` selector stands for the documented metrics its pattern matches (at
+    least one); a histogram's ``_bucket`` series for its family."""
+    selectors: list[promql_parser.VectorSelector] = []
+    promql_parser.walk(promql_parser.parse(expr),
+                       lambda node: selectors.append(node) if isinstance(node, promql_parser.VectorSelector) else None)
     names = set()
-    for pattern in re.findall(r'__name__=~"([^"]+)"', expr):
-        matched = {name for name in metric_rows() if re.fullmatch(pattern, name)}
-        assert matched, f"{pattern!r} matches no documented metric"
-        names |= matched
-    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(by|without)\s*\([^)]*\)|\"[^\"]*\"", " ", expr)
-    for name in re.findall(r"\b([a-zA-Z_][a-zA-Z0-9_]*)\b(?!\s*\()", bare):
-        if name not in PROMQL_WORDS:
-            names.add(re.sub(r"_(bucket|sum|count)$", "", name) if name.endswith("_bucket") else name)
+    for selector in selectors:
+        if selector.name:
+            names.add(selector.name.removesuffix("_bucket"))
+        for matcher in selector.matchers.matchers:
+            if matcher.name == "__name__":
+                matched = {name for name in metric_rows() if re.fullmatch(matcher.value, name)}
+                assert matched, f"{matcher.value!r} matches no documented metric"
+                names |= matched
     return names
 
 
@@ -310,6 +314,8 @@ def test_the_name_matcher_finds_metrics_and_nothing_else():
         "join_latency_seconds"}
     assert metrics_in('increase({__name__=~"(join|sink)_dead_lettered_total"}[10m])') == {
         "join_dead_lettered_total", "sink_dead_lettered_total"}
+    with pytest.raises(ValueError):
+        metrics_in("sum(rate(join_joined_total[1m])")
 
 
 def test_every_alert_on_of_the_docs_has_an_alert_rule():
