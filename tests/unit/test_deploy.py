@@ -133,6 +133,13 @@ def test_every_rendered_object_validates_strictly(rendered):
     assert {name: found for name, found in errors.items() if found} == {}
 
 
+@pytest.mark.parametrize("value_set", list(VALUE_SETS))
+def test_helm_lint_strict_passes(helm, value_set):
+    finished = subprocess.run([str(helm), "lint", "--strict", str(CHART), *VALUE_SETS[value_set]],
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+
+
 def test_managed_kafka_renders_the_custom_resources_and_the_secret(helm):
     objects = render(helm, *VALUE_SETS["managed-kafka"])
     assert {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "PrometheusRule", "Secret"} <= {
