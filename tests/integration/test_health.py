@@ -1,4 +1,4 @@
-"""/healthz, /readyz and JSON logs of real worker processes on the real broker (R19): a join
+"""/healthz, /readyz and JSON logs of real worker processes on the real broker: a join
 worker reading a large changelog back is live but not ready until every entry is restored; with
 STREAMAPP_LOG_FORMAT=json a worker's stderr is one JSON object per line, Faust's lines and ours
 alike, and a warning carries its topic and partition as fields. (Not ready while paused on a full
