@@ -25,6 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
 from streamapp.groundtruth import TruthBox
+from streamapp.kafkasecurity import client_options
 from streamapp.settings import STAGES, Settings
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.common import Notify
@@ -61,7 +62,7 @@ def own_broker(data_dir: Path, *, notify: Notify | None = None, timeout_s: float
 
 async def delete_topics(settings: Settings) -> None:
     """The topics of ``settings``'s prefix: a run on a broker it did not start leaves it as it was."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
         mine = [name for name in await admin.list_topics() if name.startswith(settings.topic_prefix)]
@@ -197,7 +198,7 @@ async def publish_frames(settings: Settings, stream: str, count: int, *, seed: i
 def output_consumer(settings: Settings, *topics: str, **overrides) -> AIOKafkaConsumer:
     """A consumer of the pipeline's output as a downstream reader sees it: from the earliest
     record, records up to the frame limit, no group offsets committed (unless ``overrides``)."""
-    config = dict(bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest",
+    config = dict(**client_options(settings), auto_offset_reset="earliest",
                   enable_auto_commit=False, max_partition_fetch_bytes=max_record_bytes(settings))
     return AIOKafkaConsumer(*topics, **{**config, **overrides})
 

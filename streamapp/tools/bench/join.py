@@ -189,9 +189,10 @@ class PlainCopy(System):
         return Topics(prefix, f"{prefix}frames", f"{prefix}detections", f"{prefix}copy")
 
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
-        argv = [sys.executable, "-m", "streamapp.tools.bench.copy", self.settings.bootstrap_servers,
-                f"{topics.prefix}copy", topics.output, topics.frames, topics.results]
-        return Running(Process("plain copy", argv, logs / "copy.log", copy.READY_MARKER))
+        argv = [sys.executable, "-m", "streamapp.tools.bench.copy", f"{topics.prefix}copy", topics.output,
+                topics.frames, topics.results]
+        return Running(Process("plain copy", argv, logs / "copy.log", copy.READY_MARKER,
+                               env={**os.environ, **self.settings.to_env()}))
 
     def tally(self, outputs: Outputs, record, now: float) -> None:
         if wire.peek_kind(record.value) == wire.Kind.FRAME:
@@ -215,7 +216,8 @@ class KafkaStreamsJoin(System):
         argv = kstreams.command(self.build, bootstrap=self.settings.bootstrap_servers,
                                 application_id=f"{topics.prefix}kstreams", frames=topics.frames,
                                 results=topics.results, output=topics.output, state_dir=state,
-                                window_ms=int(self.settings.join_ttl_s * 1000))
+                                window_ms=int(self.settings.join_ttl_s * 1000),
+                                client_properties=kstreams.write_client_properties(self.settings, scratch))
         process = Process("Kafka Streams join", argv, logs / "kstreams.log", kstreams.READY_MARKER)
         return Running(process, pending=lambda: kstreams.last_rocksdb_bytes(process.log_path))
 
