@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class SecureKafka:
 
 
 @pytest.fixture(scope="session")
-def secure_kafka(tmp_path_factory) -> SecureKafka:
+def secure_kafka(tmp_path_factory) -> Iterator[SecureKafka]:
     """A secured broker on a free port, started once per session like ``kafka_bootstrap``."""
     data_dir = tmp_path_factory.mktemp("kafka-secure")
     settings = Settings()
