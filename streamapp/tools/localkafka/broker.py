@@ -176,6 +176,9 @@ class LocalBroker:
         except OSError as exc:
             raise BrokerError(f"cannot create the broker data dir {self.data_dir}: {exc}") from None
         cluster_id = self._check_cluster_id()
+        if self.security:
+            self._check_security_formatted()
+            self.security.ensure()
         if port_in_use(self.port):
             raise PortInUse(
                 f"port {self.port} on 127.0.0.1 is already in use (another Kafka broker?)",
@@ -184,9 +187,6 @@ class LocalBroker:
         controller_port = self._pick_controller_port()
         java = check_java()
         libs = ensure_jars(self.kafka_home, notify=self.notify)
-        if self.security:
-            self._check_security_formatted()
-            self.security.ensure()
 
         self._write_properties(controller_port)
         if not (self.log_dirs / "meta.properties").exists():
