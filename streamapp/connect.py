@@ -24,8 +24,9 @@ from streamapp.errors import BrokerUnreachable, ExitCode, StreamappError
 from streamapp.kafkasecurity import security_options
 from streamapp.settings import Settings
 
-# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH: the certificate is trusted but names other hosts.
-_HOSTNAME_MISMATCH = 62
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and _IP_ADDRESS_MISMATCH: the certificate is trusted
+# but names other hosts.
+_NAME_MISMATCH = (62, 64)
 ACL_DOC = "docs/operations.md, Kafka ACLs"
 
 
@@ -166,7 +167,7 @@ def connection_error(settings: Settings, broker: str, error: BaseException) -> S
         return MechanismRefused(f"the broker {broker} does not offer SASL mechanism {security.mechanism} "
                                 f"(it offers {offered})", "set STREAMAPP_SASL_MECHANISM to one it offers")
     if isinstance(error, ssl.SSLCertVerificationError):
-        if error.verify_code == _HOSTNAME_MISMATCH:
+        if error.verify_code in _NAME_MISMATCH:
             host = broker.rpartition(":")[0]
             return HostnameMismatch(
                 f"the TLS certificate of broker {broker} does not name {host!r} ({error.verify_message})",

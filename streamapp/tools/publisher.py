@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
 from streamapp.agents.source import Pacer
-from streamapp.connect import acl_errors_named, start_client
+from streamapp.connect import acl_errors_named, quiet_logger, start_client
 from streamapp.errors import StreamappError
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
@@ -56,6 +56,13 @@ class FramePublisher:
 
     async def __aenter__(self) -> FramePublisher:
         await start_client(self.producer, self.settings)
+        try:
+            # The topic's metadata now, so a missing ACL is named before anything is sent.
+            with quiet_logger("aiokafka"), acl_errors_named(self.settings, operation="WRITE", topics=self.topic):
+                await self.producer.partitions_for(self.topic)
+        except BaseException:
+            await self.producer.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc_info) -> None:

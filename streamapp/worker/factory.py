@@ -227,7 +227,8 @@ def create_app_or_exit() -> StreamApp:
 
 def exit_with(error: StreamappError) -> NoReturn:
     """A worker that cannot start: the error's one line and its exit code, as the command's."""
-    print(f"streamapp: error: {one_line(error)}", file=sys.stderr, flush=True)
+    # The process's own stderr: a started Faust worker redirects sys.stderr into its log.
+    print(f"streamapp: error: {one_line(error)}", file=sys.__stderr__, flush=True)
     logging.shutdown()
     os._exit(error.exit_code)
 
