@@ -15,7 +15,6 @@ import datetime
 import os
 import secrets
 import shlex
-import ssl
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from streamapp.settings import Settings
+from streamapp.kafkasecurity import security_options
+from streamapp.settings import KafkaSecurity, Settings
 
 SECURITY_MODES = ("plaintext", "sasl_ssl")
 SCRAM_MECHANISM = "SCRAM-SHA-512"
@@ -109,9 +109,11 @@ class BrokerSecurity:
         return properties
 
     def client_env(self, bootstrap: str, user: str) -> dict[str, str]:
-        """The ``STREAMAPP_*`` settings of a client connecting as ``user``."""
+        """The ``STREAMAPP_*`` settings of a client connecting to ``bootstrap`` as ``user``."""
+        return {"STREAMAPP_BROKER": f"kafka://{bootstrap}", **self.security_env(user)}
+
+    def security_env(self, user: str) -> dict[str, str]:
         return {
-            "STREAMAPP_BROKER": f"kafka://{bootstrap}",
             "STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL",
             "STREAMAPP_SSL_CA_FILE": str(self.ca_file),
             "STREAMAPP_SASL_MECHANISM": SCRAM_MECHANISM,
@@ -120,14 +122,9 @@ class BrokerSecurity:
         }
 
     def client_options(self, user: str) -> dict[str, Any]:
-        """aiokafka client options for ``user`` (the broker manager's own checks run as admin)."""
-        return {
-            "security_protocol": "SASL_SSL",
-            "ssl_context": ssl.create_default_context(cafile=str(self.ca_file)),
-            "sasl_mechanism": SCRAM_MECHANISM,
-            "sasl_plain_username": user,
-            "sasl_plain_password": self.password(user),
-        }
+        """aiokafka client options for ``user``, made as every client's are (the broker
+        manager's own checks run as admin)."""
+        return security_options(KafkaSecurity.from_env(self.security_env(user)))
 
 
 def export_lines(env: dict[str, str]) -> str:
