@@ -162,7 +162,7 @@ def _print_env(bootstrap: str, security: BrokerSecurity | None, user: str) -> in
                            "start it with `streamapp broker start --security sasl_ssl`")
     if user == PIPELINE:
         print(f"# the {user} user's settings (the admin's: `streamapp broker env --user {ADMIN}` "
-              f"with the same --port/--data-dir)")
+              f"with the same --nodes, --port and --data-dir)")
     print(export_lines(security.client_env(bootstrap, user)))
     return 0
 
