@@ -16,7 +16,11 @@ import asyncio
 import dataclasses
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import GroupAuthorizationFailedError
+from aiokafka.errors import (
+    CoordinatorLoadInProgressError,
+    GroupAuthorizationFailedError,
+    GroupCoordinatorNotAvailableError,
+)
 
 from streamapp.connect import NotAuthorized, diagnose, principal, quiet_logger
 from streamapp.errors import ExitCode, StreamappError
@@ -283,13 +287,19 @@ def config_refused(settings: Settings, topic: str, message: str) -> ConfigRefuse
     return ConfigRefused(what, fix)
 
 
-async def check_group(admin: AIOKafkaAdminClient, settings: Settings) -> None:
+async def check_group(admin: AIOKafkaAdminClient, settings: Settings, *, attempts: int = 40) -> None:
     """Refuse to start, naming the group, when this user may not use its consumer group (finding
-    the group's coordinator needs the group's DESCRIBE, which its READ grants)."""
-    try:
-        await admin.find_coordinator(settings.group_id)
-    except GroupAuthorizationFailedError:
-        raise NotAuthorized(settings, "READ", f"consumer group {settings.group_id}") from None
+    the group's coordinator needs the group's DESCRIBE, which its READ grants). A broker that has
+    no coordinator yet (its offsets topic is made on first use) is asked again for a few seconds,
+    then left to the consumer, which waits for one itself."""
+    for _ in range(attempts):
+        try:
+            await admin.find_coordinator(settings.group_id)
+            return
+        except GroupAuthorizationFailedError:
+            raise NotAuthorized(settings, "READ", f"consumer group {settings.group_id}") from None
+        except (GroupCoordinatorNotAvailableError, CoordinatorLoadInProgressError):
+            await asyncio.sleep(0.25)
 
 
 async def partition_counts(admin: AIOKafkaAdminClient, settings: Settings, names: list[str], *,

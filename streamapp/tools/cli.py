@@ -201,7 +201,10 @@ def configure_topics(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Create the pipeline's topics with their partitions and configs "
                           "(settings from STREAMAPP_* variables) and check they are co-partitioned. "
                           "Prints how STREAMAPP_BROKER_DISK_BUDGET is split over the topics, and "
-                          "refuses a budget they cannot fit in.")
+                          "refuses a budget they cannot fit in. With `join` in STREAMAPP_STAGES (as by "
+                          "default) it also creates the join table's changelog of that stage set, so a "
+                          "worker whose user may not create topics finds it. Topics that exist are "
+                          "verified, not changed.")
     parser.add_argument("action", choices=["create"])
 
 
@@ -210,7 +213,7 @@ def run_topics(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     print(disk_plan(settings).describe())  # refuses a plan that cannot fit before touching the broker
-    created = asyncio.run(ensure_topics(settings))
+    created = asyncio.run(ensure_topics(settings, with_changelog="join" in settings.stages))
     print(f"topics ready on {settings.bootstrap_servers}; created: {', '.join(created) or 'none'}")
     return 0
 

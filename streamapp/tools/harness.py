@@ -44,8 +44,10 @@ READY_TIMEOUT_S = 120.0
 
 def ensure_broker(settings: Settings, port: int, data_dir: Path | None = None) -> tuple[LocalBroker | None, Settings]:
     """Use a broker already listening on ``port``; otherwise start a local one there (the caller
-    then owns it and stops it). Returns the broker started, if any, and ``settings`` pointed at it."""
-    address = settings.replace(broker=f"kafka://127.0.0.1:{port}")
+    then owns it and stops it). Returns the broker started, if any, and ``settings`` pointed at it,
+    by the host STREAMAPP_BROKER names (a TLS broker's certificate may name only ``localhost``)."""
+    host = settings.bootstrap_servers.split(",")[0].rpartition(":")[0] or "127.0.0.1"
+    address = settings.replace(broker=f"kafka://{host}:{port}")
     if port_in_use(port):
         return None, address
     broker = LocalBroker(data_dir or default_data_dir(port), port)

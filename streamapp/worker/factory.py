@@ -150,6 +150,9 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         value_serializer="raw",
         topic_partitions=settings.partitions,
         topic_disable_leader=True,
+        # Every topic, the join's changelog included, is made (or verified, for a user who may not
+        # create topics) by on_first_start; Faust would try to create the changelog again.
+        topic_allow_declare=False,
         table_standby_replicas=standby_replicas(settings),
         topic_replication_factor=settings.replication_factor,
         broker_max_poll_records=POLL_RECORDS,
