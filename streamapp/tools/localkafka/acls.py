@@ -113,6 +113,11 @@ async def create_acls(bootstrap: str, principal: str, acls: Iterable[Acl], clien
 
 def add_pipeline_acls(bootstrap: str, security: BrokerSecurity) -> None:
     """Grant the ``pipeline`` user :func:`pipeline_acls` of ``security.acls_for``, as admin."""
+    from aiokafka.errors import KafkaError
+
     assert security.acls_for is not None
-    run_async(lambda: create_acls(bootstrap, f"User:{PIPELINE}", pipeline_acls(security.acls_for),
-                                  security.client_options(ADMIN)))
+    acls = pipeline_acls(security.acls_for)
+    try:
+        run_async(lambda: create_acls(bootstrap, f"User:{PIPELINE}", acls, security.client_options(ADMIN)))
+    except KafkaError as exc:
+        raise BrokerError(f"cannot add the pipeline user's ACLs on {bootstrap} as {ADMIN}: {exc!r}") from None

@@ -130,10 +130,8 @@ class LocalBroker:
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.security_host()}:{self.port}"
-
-    def security_host(self) -> str:
-        return BROKER_HOST if self.security else "127.0.0.1"
+        # A secured broker's certificate names localhost only.
+        return f"{BROKER_HOST if self.security else '127.0.0.1'}:{self.port}"
 
     def client_options(self, user: str = ADMIN) -> dict[str, object]:
         """aiokafka options to connect as ``user`` (none for a PLAINTEXT broker)."""
@@ -158,7 +156,11 @@ class LocalBroker:
         self.launch()
         self.wait_ready(deadline, timeout)
         if self.security and self.security.acls:
-            add_pipeline_acls(self.bootstrap, self.security)
+            try:
+                add_pipeline_acls(self.bootstrap, self.security)
+            except BrokerError:
+                self.stop()
+                raise
         return self
 
     def launch(self) -> None:
@@ -166,9 +168,10 @@ class LocalBroker:
         answer before a majority of the quorum runs)."""
         running = self._running_pid()
         if running is not None:
+            recorded = self._recorded_listener()
             raise BrokerError(
                 f"a broker is already running from {self.data_dir} (pid {running}, port "
-                f"{self.status().port}); stop it first with "
+                f"{recorded[2] if recorded else '?'}); stop it first with "
                 f"`streamapp broker stop --data-dir {self.data_dir}`"
             )
         try:
