@@ -31,6 +31,7 @@ from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.common import Notify
 from streamapp.tools.localkafka.locations import default_data_dir
 from streamapp.tools.localkafka.processes import free_port, port_in_use
+from streamapp.tools.localkafka.security import BrokerSecurity
 from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
@@ -55,9 +56,11 @@ def ensure_broker(settings: Settings, port: int, data_dir: Path | None = None) -
     return broker, address
 
 
-def own_broker(data_dir: Path, *, notify: Notify | None = None, timeout_s: float = 120.0) -> LocalBroker:
-    """A local broker of its own on a free port, data in ``data_dir``, started."""
-    broker = LocalBroker(data_dir, free_port(), notify=notify)
+def own_broker(data_dir: Path, *, notify: Notify | None = None, timeout_s: float = 120.0,
+               security: BrokerSecurity | None = None) -> LocalBroker:
+    """A local broker of its own on a free port, data in ``data_dir``, started (SASL_SSL with
+    ``security``)."""
+    broker = LocalBroker(data_dir, free_port(), notify=notify, security=security)
     broker.start(timeout=timeout_s)
     return broker
 

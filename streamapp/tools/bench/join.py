@@ -1,6 +1,8 @@
 """``streamapp bench join``: three systems on one local broker and the same bytes, one after the
 other — a plain aiokafka consumer→producer copy (the limit), a Kafka Streams KStream–KStream join,
 and this project's join worker (``faust -A streamapp.app worker`` with ``STREAMAPP_STAGES=join``).
+On request a fourth, the same worker over SASL_SSL (SCRAM-SHA-512) on a second local broker that
+takes only that, started beside the first for the whole run.
 
 Each system gets fresh topics per phase and runs as its own process, so its CPU and RSS come from
 /proc the same way. Phases:
@@ -42,6 +44,7 @@ from streamapp.tools.harness import delete_topics, follow, own_broker
 from streamapp.tools.localkafka.common import KAFKA_VERSION
 from streamapp.tools.localkafka.jars import check_java
 from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.localkafka.security import ADMIN, BrokerSecurity
 from streamapp.tools.workers import Process, Worker, wait_until
 from streamapp.topics import ensure_topics, topic_names
 from streamapp.wire import new_epoch
@@ -55,6 +58,8 @@ WARMUP_FRACTION = 0.1
 
 
 SYSTEMS = ("copy", "kstreams", "streamapp")
+# The worker over TLS and SASL: not run unless asked for (`--systems ... streamapp-tls`).
+TLS_SYSTEM = "streamapp-tls"
 DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0, 2250.0, 2700.0, 3150.0, 3600.0,
                  4050.0)
 
@@ -141,6 +146,7 @@ class System:
     label: str
     joins = True
     pending_measure: str | None = None
+    secured = False  # connects to the SASL_SSL broker
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -255,6 +261,12 @@ class StreamappJoin(System):
         outputs.pair_out(frame_id.stream, frame_id.index, matched, now)
 
 
+class StreamappJoinOverTls(StreamappJoin):
+    name = TLS_SYSTEM
+    label = "streamapp join worker over SASL_SSL"
+    secured = True
+
+
 def _stats(worker: Worker) -> dict:
     try:
         return worker.stats()
@@ -263,7 +275,7 @@ def _stats(worker: Worker) -> dict:
 
 
 SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStreamsJoin,
-                                         "streamapp": StreamappJoin}
+                                         "streamapp": StreamappJoin, TLS_SYSTEM: StreamappJoinOverTls}
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,11 +369,14 @@ async def wait_drained(outputs: Outputs, expected: int, quiet_s: float, timeout_
 
 
 class Bench:
-    """One run: the broker's settings, the options, where scratch state and logs go."""
+    """One run: the brokers' settings (``secured``: the SASL_SSL one's), the options, where scratch
+    state and logs go."""
 
-    def __init__(self, options: JoinBenchOptions, settings: Settings, scratch: Path, log_dir: Path) -> None:
+    def __init__(self, options: JoinBenchOptions, settings: Settings, scratch: Path, log_dir: Path,
+                 secured: Settings | None = None) -> None:
         self.options = options
         self.settings = settings
+        self.secured = secured
         self.scratch = scratch
         self.log_dir = log_dir
         self.run_id = new_epoch()
@@ -380,7 +395,7 @@ class Bench:
         what must be there first) the system's process, stopped on the way out."""
         topics = system.topics(self.prefix(system, phase))
         await system.create_topics(topics)
-        producer = load_producer(self.settings)
+        producer = load_producer(system.settings)
         await producer.start()
         running: list[Running] = []
 
@@ -399,7 +414,7 @@ class Bench:
                 await asyncio.to_thread(process.stop)
             await producer.stop()
             # Each phase writes gigabytes; the next system starts on a broker without them.
-            await delete_topics(self.settings.replace(topic_prefix=topics.prefix))
+            await delete_topics(system.settings.replace(topic_prefix=topics.prefix))
             shutil.rmtree(self.scratch / topics.prefix, ignore_errors=True)
 
     async def backlog(self, system: System) -> dict:
@@ -412,7 +427,7 @@ class Bench:
             await settle()
             began = time.monotonic()
             running = start()
-            async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
+            async with observing(system.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
                 ready_at, cpu_at_ready = time.monotonic(), cpu_seconds_of(running.pid)
                 await wait_drained(outputs, options.pairs, self.quiet_s, options.drain_timeout_s)
@@ -431,7 +446,7 @@ class Bench:
         async with self.started(system, "live") as (topics, load, start):
             await settle()
             running = start()
-            async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
+            async with observing(system.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
                 await self.warm_up(load, outputs)
                 for rate in self.rates_to_try(steps):
@@ -494,7 +509,9 @@ class Bench:
         system_type = SYSTEM_TYPES[name]
         result: dict = {"label": system_type.label, "pending_measure": system_type.pending_measure}
         try:
-            system = system_type(self.settings)
+            settings = self.secured if system_type.secured else self.settings
+            assert settings is not None, "a secured system without the SASL_SSL broker"
+            system = system_type(settings)
             result["backlog"] = await self.backlog(system)
             result["live"] = await self.live(system)
         except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' numbers
@@ -513,16 +530,21 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
     log_dir.mkdir(parents=True, exist_ok=True)
     machine_at_start = join_report.describe_machine()
     systems: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-join-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-join-") as scratch, contextlib.ExitStack() as brokers:
         broker = own_broker(Path(scratch) / "broker", notify=notify)
-        try:
-            settings = Settings.from_env().replace(broker=f"kafka://{broker.bootstrap}", join_ttl_s=options.ttl_s)
-            bench = Bench(options, settings, Path(scratch), log_dir)
-            for name in options.systems:
-                notify(f"bench join: {SYSTEM_TYPES[name].label}")
-                systems[name] = asyncio.run(bench.run_system(name))
-        finally:
-            broker.stop()
+        brokers.callback(broker.stop)
+        settings = Settings.from_env().replace(broker=f"kafka://{broker.bootstrap}", join_ttl_s=options.ttl_s)
+        secured = None
+        if any(SYSTEM_TYPES[name].secured for name in options.systems):
+            security = BrokerSecurity(Path(scratch) / "broker-tls" / "security")
+            secure_broker = own_broker(Path(scratch) / "broker-tls", notify=notify, security=security)
+            brokers.callback(secure_broker.stop)
+            secured = settings.replace(broker=f"kafka://{secure_broker.bootstrap}", security=Settings.from_env(
+                security.client_env(secure_broker.bootstrap, ADMIN)).security)
+        bench = Bench(options, settings, Path(scratch), log_dir, secured)
+        for name in options.systems:
+            notify(f"bench join: {SYSTEM_TYPES[name].label}")
+            systems[name] = asyncio.run(bench.run_system(name))
     report = join_report.build_report(report_options(options, command, settings, bench), versions(),
                                       systems, machine_at_start)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

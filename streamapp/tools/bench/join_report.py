@@ -168,9 +168,15 @@ def ratios(systems: dict[str, dict]) -> dict:
     def ratio(ours: float | None, theirs: float | None) -> float | None:
         return round(ours / theirs, 3) if ours and theirs else None
 
+    def cpu_per_pair(name: str) -> float | None:
+        return (systems.get(name, {}).get("backlog") or {}).get("cpu_s_per_1k_pairs")
+
     return {"backlog_vs_kstreams": ratio(backlog("streamapp"), backlog("kstreams")),
             "backlog_vs_copy": ratio(backlog("streamapp"), backlog("copy")),
-            "live_max_vs_kstreams": ratio(live("streamapp"), live("kstreams"))}
+            "live_max_vs_kstreams": ratio(live("streamapp"), live("kstreams")),
+            # Over SASL_SSL against PLAINTEXT (None unless both ran).
+            "tls_backlog_vs_plaintext": ratio(backlog("streamapp-tls"), backlog("streamapp")),
+            "tls_cpu_per_pair_vs_plaintext": ratio(cpu_per_pair("streamapp-tls"), cpu_per_pair("streamapp"))}
 
 
 def markdown(report: dict) -> str:
