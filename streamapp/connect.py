@@ -40,22 +40,32 @@ Client = TypeVar("Client", bound=KafkaClient)
 
 
 class AuthenticationFailed(StreamappError, PermissionError):
+    """The broker refused the SASL user or password (or the OAuth token)."""
+
     exit_code = ExitCode.AUTH_FAILED
 
 
 class MechanismRefused(StreamappError, PermissionError):
+    """The broker does not offer STREAMAPP_SASL_MECHANISM."""
+
     exit_code = ExitCode.MECHANISM_REFUSED
 
 
 class CertificateUntrusted(StreamappError, PermissionError):
+    """No CA of STREAMAPP_SSL_CA_FILE (or the system's) signed the broker's certificate."""
+
     exit_code = ExitCode.CERTIFICATE_UNTRUSTED
 
 
 class HostnameMismatch(StreamappError, PermissionError):
+    """The broker's certificate does not name the host connected to."""
+
     exit_code = ExitCode.HOSTNAME_MISMATCH
 
 
 class HandshakeFailed(StreamappError, ConnectionError):
+    """TLS or SASL failed otherwise: most often the listener speaks another protocol."""
+
     exit_code = ExitCode.HANDSHAKE_FAILED
 
 
@@ -79,30 +89,16 @@ def principal(settings: Settings) -> str:
     return "the client certificate's principal" if security.cert_file else "User:ANONYMOUS"
 
 
-def not_authorized(settings: Settings, error: kafka_errors.KafkaError, *, operation: str,
-                   topics: str = "", group: str = "") -> NotAuthorized | None:
-    """The ACL error Kafka answered with, as :class:`NotAuthorized`; None for any other error."""
-    if isinstance(error, kafka_errors.TopicAuthorizationFailedError):
-        return NotAuthorized(settings, operation, f"topic {topics}")
-    if isinstance(error, kafka_errors.GroupAuthorizationFailedError):
-        return NotAuthorized(settings, "READ", f"consumer group {group or settings.group_id}")
-    if isinstance(error, kafka_errors.ClusterAuthorizationFailedError):
-        return NotAuthorized(settings, operation, "the cluster")
-    if isinstance(error, kafka_errors.TransactionalIdAuthorizationFailed):
-        return NotAuthorized(settings, "WRITE", f"the transactional ids of group {settings.group_id} (exactly-once)")
-    return None
-
-
 @contextlib.contextmanager
 def acl_errors_named(settings: Settings, *, operation: str, topics: str) -> Iterator[None]:
-    """Within it, Kafka's answer that an ACL is missing is raised as :class:`NotAuthorized`."""
+    """Within it, Kafka's answer that an ACL is missing is raised as :class:`NotAuthorized`
+    (an idempotent producer on a broker before Kafka 2.8 also needs IDEMPOTENT_WRITE on the cluster)."""
     try:
         yield
-    except kafka_errors.KafkaError as exc:
-        named = not_authorized(settings, exc, operation=operation, topics=topics)
-        if named is None:
-            raise
-        raise named from None
+    except kafka_errors.TopicAuthorizationFailedError:
+        raise NotAuthorized(settings, operation, f"topic {topics}") from None
+    except kafka_errors.ClusterAuthorizationFailedError:
+        raise NotAuthorized(settings, "IDEMPOTENT_WRITE", "the cluster") from None
 
 
 @contextlib.contextmanager
@@ -181,7 +177,7 @@ def connection_error(settings: Settings, broker: str, error: BaseException) -> S
     if isinstance(error, ssl.SSLError):
         return HandshakeFailed(f"TLS with broker {broker} failed ({getattr(error, 'reason', None) or error})",
                                f"check that its listener speaks {security.protocol} (STREAMAPP_SECURITY_PROTOCOL)")
-    if isinstance(error, ConnectionRefusedError | OSError) and not isinstance(error, ConnectionResetError):
+    if isinstance(error, OSError) and not isinstance(error, ConnectionResetError):
         return None  # nobody listens there
     return HandshakeFailed(f"the broker {broker} answered but closed the connection during the handshake "
                            f"({type(error).__name__}: {error})",

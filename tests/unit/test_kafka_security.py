@@ -12,7 +12,6 @@ import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
