@@ -373,10 +373,12 @@ class Bench:
     state and logs go."""
 
     def __init__(self, options: JoinBenchOptions, settings: Settings, scratch: Path, log_dir: Path,
-                 secured: Settings | None = None) -> None:
+                 secured: Settings | None = None, broker_pids: dict[str, int] | None = None) -> None:
         self.options = options
         self.settings = settings
         self.secured = secured
+        # By bootstrap servers: the broker's CPU in a drain (over TLS it encrypts what it sends).
+        self.broker_pids = broker_pids or {}
         self.scratch = scratch
         self.log_dir = log_dir
         self.run_id = new_epoch()
@@ -429,14 +431,19 @@ class Bench:
             running = start()
             async with observing(system.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
+                broker_pid = self.broker_pids.get(system.settings.bootstrap_servers)
                 ready_at, cpu_at_ready = time.monotonic(), cpu_seconds_of(running.pid)
+                broker_cpu_at_ready = cpu_seconds_of(broker_pid) if broker_pid else None
                 await wait_drained(outputs, options.pairs, self.quiet_s, options.drain_timeout_s)
                 cpu_s = cpu_seconds_of(running.pid) - cpu_at_ready
+                broker_cpu_s = (cpu_seconds_of(broker_pid) - broker_cpu_at_ready
+                                if broker_pid and broker_cpu_at_ready is not None else None)
                 counters = await asyncio.to_thread(running.counters)
                 await asyncio.sleep(SAMPLE_INTERVAL_S)  # one more sample of the settled state
         return join_report.backlog_summary({
             "pairs": options.pairs, "published_s": round(published_s, 2), "startup_s": ready_at - began,
-            "drain_s": (outputs.last_at or ready_at) - ready_at, "cpu_s": cpu_s, "pairs_out": outputs.pairs,
+            "drain_s": (outputs.last_at or ready_at) - ready_at, "cpu_s": cpu_s, "broker_cpu_s": broker_cpu_s,
+            "pairs_out": outputs.pairs,
             "joined": sum(outputs.outcomes.values()), "frames_out_twice": outputs.frames_out_twice,
             "counters": counters, "samples": sampler.samples},
             system.joins)
@@ -534,6 +541,7 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
         broker = own_broker(Path(scratch) / "broker", notify=notify)
         brokers.callback(broker.stop)
         settings = Settings.from_env().replace(broker=f"kafka://{broker.bootstrap}", join_ttl_s=options.ttl_s)
+        pids = {broker.bootstrap: broker.status().pid}
         secured = None
         if any(SYSTEM_TYPES[name].secured for name in options.systems):
             security = BrokerSecurity(Path(scratch) / "broker-tls" / "security")
@@ -541,7 +549,9 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
             brokers.callback(secure_broker.stop)
             secured = settings.replace(broker=f"kafka://{secure_broker.bootstrap}", security=Settings.from_env(
                 security.client_env(secure_broker.bootstrap, ADMIN)).security)
-        bench = Bench(options, settings, Path(scratch), log_dir, secured)
+            pids[secure_broker.bootstrap] = secure_broker.status().pid
+        bench = Bench(options, settings, Path(scratch), log_dir, secured,
+                      {bootstrap: pid for bootstrap, pid in pids.items() if pid is not None})
         for name in options.systems:
             notify(f"bench join: {SYSTEM_TYPES[name].label}")
             systems[name] = asyncio.run(bench.run_system(name))
