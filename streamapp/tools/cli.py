@@ -315,7 +315,10 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
                           "YOLOv3-tiny (model and videos fetched first, see `streamapp model` and "
                           "`streamapp samples`); with --synthetic, synthetic streams checked against "
                           "their true boxes. Checks every frame came out exactly once and writes "
-                          "videos, contact_sheet.png and summary.json to --out.")
+                          "videos, contact_sheet.png and summary.json to --out. It uses topics of its "
+                          "own, deleted at the end, unless STREAMAPP_TOPIC_PREFIX names topics an admin "
+                          "made (for a user who may not create topics); it connects as the STREAMAPP_* "
+                          "security settings say, by the host of STREAMAPP_BROKER.")
     parser.add_argument("--synthetic", action="store_true",
                         help="synthetic scenes with known boxes and the colour detector (no downloads)")
     parser.add_argument("--video", type=Path, action="append", dest="videos", default=[],
