@@ -50,3 +50,5 @@ def test_the_demo_as_the_pipeline_user_with_only_its_acls(secure_kafka, tmp_path
                                                        "STREAMAPP_TOPIC_PREFIX": prefix, "STREAMAPP_STAGES": "join"})
     assert made.returncode == 0, made.stderr
     assert_exactly_once(demo(secure_kafka, pipeline, tmp_path))
+    logs = [path.read_text(errors="replace") for path in (tmp_path / "out" / "logs").rglob("*.log")]
+    assert len(logs) == 4 and not any(secure_kafka.passwords[PIPELINE] in log for log in logs)
