@@ -1,15 +1,33 @@
-"""Starting an aiokafka client from a command, with one clear error when no broker answers."""
+"""Starting an aiokafka client, with one clear error for each way a connection fails (R18):
+no broker answers, the broker refused the user or its mechanism, its certificate is not trusted
+or does not name the host, an ACL is missing.
+
+aiokafka reports every failure to bootstrap as one ``KafkaConnectionError`` (having logged the
+cause); :func:`diagnose` then opens one connection by aiokafka's ``create_conn`` with the same
+options, which raises the cause itself, and names it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Iterator
 from typing import Protocol, TypeVar
 
+from aiokafka import errors as kafka_errors
+from aiokafka.conn import collect_hosts, create_conn
 from aiokafka.errors import KafkaConnectionError
 
-from streamapp.errors import BrokerUnreachable
+from streamapp.errors import BrokerUnreachable, ExitCode, StreamappError
+from streamapp.kafkasecurity import security_options
+from streamapp.settings import Settings
+
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and _IP_ADDRESS_MISMATCH: the certificate is trusted
+# but names other hosts.
+_NAME_MISMATCH = (62, 64)
+ACL_DOC = "docs/operations.md, Kafka ACLs"
 
 
 class KafkaClient(Protocol):
@@ -19,6 +37,68 @@ class KafkaClient(Protocol):
 
 
 Client = TypeVar("Client", bound=KafkaClient)
+
+
+class AuthenticationFailed(StreamappError, PermissionError):
+    """The broker refused the SASL user or password (or the OAuth token)."""
+
+    exit_code = ExitCode.AUTH_FAILED
+
+
+class MechanismRefused(StreamappError, PermissionError):
+    """The broker does not offer STREAMAPP_SASL_MECHANISM."""
+
+    exit_code = ExitCode.MECHANISM_REFUSED
+
+
+class CertificateUntrusted(StreamappError, PermissionError):
+    """No CA of STREAMAPP_SSL_CA_FILE (or the system's) signed the broker's certificate."""
+
+    exit_code = ExitCode.CERTIFICATE_UNTRUSTED
+
+
+class HostnameMismatch(StreamappError, PermissionError):
+    """The broker's certificate does not name the host connected to."""
+
+    exit_code = ExitCode.HOSTNAME_MISMATCH
+
+
+class HandshakeFailed(StreamappError, ConnectionError):
+    """TLS or SASL failed otherwise: most often the listener speaks another protocol."""
+
+    exit_code = ExitCode.HANDSHAKE_FAILED
+
+
+class NotAuthorized(StreamappError, PermissionError):
+    """An ACL is missing: the message names the principal, the operation and the resource."""
+
+    exit_code = ExitCode.NOT_AUTHORIZED
+
+    def __init__(self, settings: Settings, operation: str, resource: str) -> None:
+        super().__init__(f"{principal(settings)} may not {operation} {resource} on {settings.bootstrap_servers}",
+                         f"grant it that ACL (the ACLs each stage needs: {ACL_DOC})")
+
+
+def principal(settings: Settings) -> str:
+    """Who the broker sees, as its ACLs name it."""
+    security = settings.security
+    if security.mechanism == "OAUTHBEARER":
+        return f"OAuth client {security.client_id!r}"
+    if security.mechanism is not None:
+        return f"User:{security.username}"
+    return "the client certificate's principal" if security.cert_file else "User:ANONYMOUS"
+
+
+@contextlib.contextmanager
+def acl_errors_named(settings: Settings, *, operation: str, topics: str) -> Iterator[None]:
+    """Within it, Kafka's answer that an ACL is missing is raised as :class:`NotAuthorized`
+    (an idempotent producer on a broker before Kafka 2.8 also needs IDEMPOTENT_WRITE on the cluster)."""
+    try:
+        yield
+    except kafka_errors.TopicAuthorizationFailedError:
+        raise NotAuthorized(settings, operation, f"topic {topics}") from None
+    except kafka_errors.ClusterAuthorizationFailedError:
+        raise NotAuthorized(settings, "IDEMPOTENT_WRITE", "the cluster") from None
 
 
 @contextlib.contextmanager
@@ -33,13 +113,73 @@ def quiet_logger(logger_name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-async def start_client(client: Client, bootstrap: str) -> Client:
-    """Start ``client``; when no broker answers, close it and raise :class:`BrokerUnreachable`."""
+async def start_client(client: Client, settings: Settings) -> Client:
+    """Start ``client``; when it cannot connect, close it and raise what went wrong."""
     try:
         with quiet_logger("aiokafka"):
             await client.start()
     except KafkaConnectionError:
         # Closed here, or aiokafka reports an "Unclosed AIOKafkaProducer" at exit.
         await client.stop()
-        raise BrokerUnreachable(bootstrap) from None
+        raise await diagnose(settings) from None
     return client
+
+
+async def diagnose(settings: Settings, timeout_s: float = 15.0) -> StreamappError:
+    """Why no client of ``settings`` could bootstrap: one connection per bootstrap server, with
+    the same options; the first failure of security is named, else no broker answers."""
+    options = security_options(settings.security)
+    for host, port, _ in collect_hosts(settings.bootstrap_servers, randomize=False):
+        try:
+            with quiet_logger("aiokafka"):
+                connection = await asyncio.wait_for(
+                    create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **options), timeout_s)
+        except StreamappError as exc:  # the OAuth token endpoint's failure
+            return exc
+        except (OSError, kafka_errors.KafkaError) as exc:  # TimeoutError is an OSError
+            named = connection_error(settings, f"{host}:{port}", exc)
+            if named is not None:
+                return named
+        else:
+            connection.close()
+    return BrokerUnreachable(settings.bootstrap_servers)
+
+
+def connection_error(settings: Settings, broker: str, error: BaseException) -> StreamappError | None:
+    """The failure of one connection to ``broker`` named, or None when nobody answered there."""
+    security = settings.security
+    if isinstance(error, kafka_errors.SaslAuthenticationFailed | kafka_errors.AuthenticationFailedError):
+        if security.mechanism == "OAUTHBEARER":
+            return AuthenticationFailed(
+                f"the broker {broker} refused the OAUTHBEARER token of client {security.client_id!r}",
+                "check STREAMAPP_OAUTH_TOKEN_URL, STREAMAPP_OAUTH_CLIENT_ID and STREAMAPP_OAUTH_SCOPE, and that "
+                "the broker trusts that token endpoint")
+        return AuthenticationFailed(
+            f"the broker {broker} refused SASL {security.mechanism} authentication of user {security.username!r}",
+            "check STREAMAPP_SASL_USERNAME, STREAMAPP_SASL_PASSWORD (or STREAMAPP_SASL_PASSWORD_FILE) and "
+            "STREAMAPP_SASL_MECHANISM")
+    if isinstance(error, kafka_errors.UnsupportedSaslMechanismError):
+        offered = str(error).rpartition("Enabled mechanisms are:")[2].strip() or "others"
+        return MechanismRefused(f"the broker {broker} does not offer SASL mechanism {security.mechanism} "
+                                f"(it offers {offered})", "set STREAMAPP_SASL_MECHANISM to one it offers")
+    if isinstance(error, ssl.SSLCertVerificationError):
+        if error.verify_code in _NAME_MISMATCH:
+            host = broker.rpartition(":")[0]
+            return HostnameMismatch(
+                f"the TLS certificate of broker {broker} does not name {host!r} ({error.verify_message})",
+                "connect by a name the certificate holds (STREAMAPP_BROKER), or, knowing the risk, "
+                "set STREAMAPP_SSL_CHECK_HOSTNAME=false")
+        where = (f"STREAMAPP_SSL_CA_FILE={security.ca_file} did not sign it" if security.ca_file
+                 else "STREAMAPP_SSL_CA_FILE is unset, so only the system's CAs are trusted")
+        return CertificateUntrusted(f"the TLS certificate of broker {broker} is not trusted "
+                                    f"({error.verify_message}): {where}",
+                                    "set STREAMAPP_SSL_CA_FILE to the PEM file of the CA that signed it")
+    if isinstance(error, ssl.SSLError):
+        return HandshakeFailed(f"TLS with broker {broker} failed ({getattr(error, 'reason', None) or error})",
+                               f"check that its listener speaks {security.protocol} (STREAMAPP_SECURITY_PROTOCOL)")
+    if isinstance(error, OSError) and not isinstance(error, ConnectionResetError):
+        return None  # nobody listens there
+    return HandshakeFailed(f"the broker {broker} answered but closed the connection during the handshake "
+                           f"({type(error).__name__}: {error})",
+                           f"check that its listener speaks {security.protocol} (STREAMAPP_SECURITY_PROTOCOL) and "
+                           "STREAMAPP_SASL_MECHANISM")

@@ -21,6 +21,14 @@ class ExitCode(enum.IntEnum):
     NO_BROKER = 6  # no Kafka broker answers at STREAMAPP_BROKER
     PORT_BUSY = 7  # a port the command must listen on is taken
     NEEDS_ROOT = 8  # `bench disk` mounts file systems, which needs root
+    AUTH_FAILED = 9  # the broker refused the SASL user or password, or the OAuth endpoint gave no token
+    MECHANISM_REFUSED = 10  # the broker does not offer STREAMAPP_SASL_MECHANISM
+    CERTIFICATE_UNTRUSTED = 11  # the broker's certificate is not signed by a CA we trust
+    HOSTNAME_MISMATCH = 12  # the broker's certificate does not name the host connected to
+    HANDSHAKE_FAILED = 13  # TLS or SASL failed otherwise: the listener does not speak STREAMAPP_SECURITY_PROTOCOL
+    NOT_AUTHORIZED = 14  # an ACL is missing: a topic, the consumer group, the cluster
+    TOPICS_MISSING = 15  # topics are missing and this user may not create them
+    CONFIG_REFUSED = 16  # the broker refused a topic config (a managed service's cap)
 
 
 class StreamappError(Exception):

@@ -39,6 +39,179 @@ class SettingsError(UsageError, ValueError):
     """A setting that is missing, malformed or inconsistent with another."""
 
 
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+
+
+@dataclasses.dataclass(frozen=True)
+class Secret:
+    """A password or client secret: shown as ``***`` in every repr and log line. ``file`` is where
+    it was read from, so another process is handed the file, not the value."""
+
+    value: str = dataclasses.field(repr=False)
+    file: Path | None = None
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaSecurity:
+    """How every client of this process connects to Kafka: TLS, SASL, OAUTHBEARER (R18).
+
+    streamapp.kafkasecurity turns it into aiokafka's and Faust's options; docs/operations.md
+    lists the variables."""
+
+    protocol: str = "PLAINTEXT"
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    key_password: Secret | None = None
+    check_hostname: bool = True
+    mechanism: str | None = None
+    username: str | None = None
+    password: Secret | None = None
+    token_url: str | None = None
+    client_id: str | None = None
+    client_secret: Secret | None = None
+    scope: str | None = None
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    def __post_init__(self) -> None:
+        _require(self.protocol in SECURITY_PROTOCOLS,
+                 f"STREAMAPP_SECURITY_PROTOCOL={self.protocol!r}: choose one of {', '.join(SECURITY_PROTOCOLS)}")
+        if self.mechanism is not None:
+            _require(self.mechanism in SASL_MECHANISMS,
+                     f"STREAMAPP_SASL_MECHANISM={self.mechanism!r}: choose one of {', '.join(SASL_MECHANISMS)}")
+        self._check_tls()
+        self._check_sasl()
+
+    def _check_tls(self) -> None:
+        tls = {"STREAMAPP_SSL_CA_FILE": self.ca_file, "STREAMAPP_SSL_CERT_FILE": self.cert_file,
+               "STREAMAPP_SSL_KEY_FILE": self.key_file, "STREAMAPP_SSL_KEY_PASSWORD": self.key_password}
+        if not self.uses_tls:
+            given = [name for name, value in tls.items() if value is not None]
+            _require(not given, f"{', '.join(given)} set, but STREAMAPP_SECURITY_PROTOCOL={self.protocol} does not "
+                                "use TLS: set STREAMAPP_SECURITY_PROTOCOL=SSL or SASL_SSL, or unset them")
+            return
+        _require((self.cert_file is None) == (self.key_file is None),
+                 "STREAMAPP_SSL_CERT_FILE and STREAMAPP_SSL_KEY_FILE go together: a client certificate needs its key")
+        _require(self.key_password is None or self.key_file is not None,
+                 "STREAMAPP_SSL_KEY_PASSWORD is set without STREAMAPP_SSL_KEY_FILE")
+        for name in ("STREAMAPP_SSL_CA_FILE", "STREAMAPP_SSL_CERT_FILE", "STREAMAPP_SSL_KEY_FILE"):
+            path = tls[name]
+            if isinstance(path, Path):
+                _readable(path, name)
+
+    def _check_sasl(self) -> None:
+        sasl = {"STREAMAPP_SASL_USERNAME": self.username, "STREAMAPP_SASL_PASSWORD": self.password,
+                "STREAMAPP_OAUTH_TOKEN_URL": self.token_url, "STREAMAPP_OAUTH_CLIENT_ID": self.client_id,
+                "STREAMAPP_OAUTH_CLIENT_SECRET": self.client_secret, "STREAMAPP_OAUTH_SCOPE": self.scope}
+        if not self.uses_sasl:
+            given = [name for name, value in {"STREAMAPP_SASL_MECHANISM": self.mechanism, **sasl}.items()
+                     if value is not None]
+            _require(not given, f"{', '.join(given)} set, but STREAMAPP_SECURITY_PROTOCOL={self.protocol} does not "
+                                "use SASL: set STREAMAPP_SECURITY_PROTOCOL=SASL_SSL or SASL_PLAINTEXT, or unset them")
+            return
+        _require(self.mechanism is not None,
+                 f"STREAMAPP_SECURITY_PROTOCOL={self.protocol} needs STREAMAPP_SASL_MECHANISM: "
+                 f"one of {', '.join(SASL_MECHANISMS)}")
+        needed: tuple[str, ...]
+        wrong: tuple[str, ...]
+        if self.mechanism == "OAUTHBEARER":
+            needed = ("STREAMAPP_OAUTH_TOKEN_URL", "STREAMAPP_OAUTH_CLIENT_ID", "STREAMAPP_OAUTH_CLIENT_SECRET")
+            wrong = ("STREAMAPP_SASL_USERNAME", "STREAMAPP_SASL_PASSWORD")
+        else:
+            needed = ("STREAMAPP_SASL_USERNAME", "STREAMAPP_SASL_PASSWORD")
+            wrong = ("STREAMAPP_OAUTH_TOKEN_URL", "STREAMAPP_OAUTH_CLIENT_ID", "STREAMAPP_OAUTH_CLIENT_SECRET",
+                     "STREAMAPP_OAUTH_SCOPE")
+        missing = [name for name in needed if sasl[name] is None]
+        _require(not missing, f"STREAMAPP_SASL_MECHANISM={self.mechanism} needs {', '.join(missing)}"
+                              " (a secret may also come from its ..._FILE variable)")
+        extra = [name for name in wrong if sasl[name] is not None]
+        _require(not extra, f"{', '.join(extra)} set, but STREAMAPP_SASL_MECHANISM={self.mechanism} does not use them")
+        if self.token_url is not None:
+            _require(self.token_url.startswith(("https://", "http://")),
+                     f"STREAMAPP_OAUTH_TOKEN_URL={self.token_url!r} is not an http(s) URL")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> KafkaSecurity:
+        def text(name: str) -> str | None:
+            return env.get(name) or None
+
+        def path(name: str) -> Path | None:
+            value = text(name)
+            return None if value is None else Path(value)
+
+        protocol = (text("STREAMAPP_SECURITY_PROTOCOL") or "PLAINTEXT").strip().upper()
+        mechanism = text("STREAMAPP_SASL_MECHANISM")
+        check_hostname = text("STREAMAPP_SSL_CHECK_HOSTNAME")
+        try:
+            hostname = True if check_hostname is None else _bool(check_hostname, "STREAMAPP_SSL_CHECK_HOSTNAME")
+        except ValueError as exc:
+            raise SettingsError(f"STREAMAPP_SSL_CHECK_HOSTNAME={check_hostname!r}: {exc}") from None
+        return cls(protocol=protocol, ca_file=path("STREAMAPP_SSL_CA_FILE"), cert_file=path("STREAMAPP_SSL_CERT_FILE"),
+                   key_file=path("STREAMAPP_SSL_KEY_FILE"), key_password=_secret(env, "STREAMAPP_SSL_KEY_PASSWORD"),
+                   check_hostname=hostname, mechanism=None if mechanism is None else mechanism.strip().upper(),
+                   username=text("STREAMAPP_SASL_USERNAME"), password=_secret(env, "STREAMAPP_SASL_PASSWORD"),
+                   token_url=text("STREAMAPP_OAUTH_TOKEN_URL"), client_id=text("STREAMAPP_OAUTH_CLIENT_ID"),
+                   client_secret=_secret(env, "STREAMAPP_OAUTH_CLIENT_SECRET"), scope=text("STREAMAPP_OAUTH_SCOPE"))
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that give another process this security; a secret read from a file is
+        handed on as its file."""
+        env = {"STREAMAPP_SECURITY_PROTOCOL": self.protocol}
+        if self.uses_tls:
+            env["STREAMAPP_SSL_CHECK_HOSTNAME"] = str(self.check_hostname).lower()
+        plain = {"STREAMAPP_SSL_CA_FILE": self.ca_file, "STREAMAPP_SSL_CERT_FILE": self.cert_file,
+                 "STREAMAPP_SSL_KEY_FILE": self.key_file, "STREAMAPP_SASL_MECHANISM": self.mechanism,
+                 "STREAMAPP_SASL_USERNAME": self.username, "STREAMAPP_OAUTH_TOKEN_URL": self.token_url,
+                 "STREAMAPP_OAUTH_CLIENT_ID": self.client_id, "STREAMAPP_OAUTH_SCOPE": self.scope}
+        env.update({name: str(value) for name, value in plain.items() if value is not None})
+        secrets = {"STREAMAPP_SSL_KEY_PASSWORD": self.key_password, "STREAMAPP_SASL_PASSWORD": self.password,
+                   "STREAMAPP_OAUTH_CLIENT_SECRET": self.client_secret}
+        for name, secret in secrets.items():
+            if secret is not None:
+                if secret.file is not None:
+                    env[f"{name}_FILE"] = str(secret.file)
+                else:
+                    env[name] = secret.value
+        return env
+
+
+def _readable(path: Path, name: str) -> None:
+    try:
+        with path.open("rb") as file:
+            file.read(1)
+    except OSError as exc:
+        raise SettingsError(f"{name}={str(path)!r} cannot be read: {exc.strerror or exc}") from None
+
+
+def _secret(env: Mapping[str, str], name: str) -> Secret | None:
+    """``name`` itself, or the contents of the file ``name_FILE`` names (one trailing newline
+    dropped, as a mounted secret often has one)."""
+    value, file = env.get(name) or None, env.get(f"{name}_FILE") or None
+    if value is not None and file is not None:
+        raise SettingsError(f"{name} and {name}_FILE are both set: keep one")
+    if file is None:
+        return None if value is None else Secret(value)
+    path = Path(file)
+    _readable(path, f"{name}_FILE")
+    text = path.read_text().removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise SettingsError(f"{name}_FILE={file!r} is empty")
+    return Secret(text, path)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     broker: str = "kafka://127.0.0.1:9092"
@@ -89,6 +262,7 @@ class Settings:
     # Latest annotated frame per stream kept for the sink's live preview page; 0 turns it off.
     preview_bytes: int = 32 * 1024**2
     log_format: str = "text"
+    security: KafkaSecurity = dataclasses.field(default_factory=lambda: KafkaSecurity())
 
     def __post_init__(self) -> None:
         unknown = set(self.stages) - set(STAGES)
@@ -175,7 +349,7 @@ class Settings:
                     env["STREAMAPP_RESIZE"], "STREAMAPP_RESIZE")
             except ValueError as exc:
                 raise SettingsError(str(exc)) from None
-        return cls(**values)
+        return cls(**values, security=KafkaSecurity.from_env(env))
 
     def to_env(self) -> dict[str, str]:
         """The environment that makes another process read these same settings."""
@@ -188,7 +362,7 @@ class Settings:
                 value = f"{value}s"
             env[variable] = str(value)
         env["STREAMAPP_RESIZE"] = f"{self.resize_width}x{self.resize_height}"
-        return env
+        return {**env, **self.security.to_env()}
 
     def replace(self, **changes) -> Settings:
         return dataclasses.replace(self, **changes)

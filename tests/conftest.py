@@ -1,25 +1,35 @@
-"""Shared fixtures. ``kafka_bootstrap`` is a real Kafka broker for the whole test session."""
+"""Shared fixtures. ``kafka_bootstrap`` is a real Kafka broker for the whole test session;
+``secure_kafka`` another one that takes SASL_SSL clients and authorizes them by ACLs."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from streamapp import assets
+from streamapp.settings import Settings
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.common import BrokerError
 from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.localkafka.security import ADMIN, USERS, BrokerSecurity
+
+BROKER_FIXTURES = {"kafka_bootstrap", "secure_kafka"}
 
 
 def pytest_collection_modifyitems(items):
-    # Whatever uses the broker is a kafka test, so `-m "not kafka"` leaves all of them out.
+    # Whatever uses a broker is a kafka test, so `-m "not kafka"` leaves all of them out.
     for item in items:
-        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
 
 
@@ -36,12 +46,55 @@ def kafka_bootstrap(tmp_path_factory):
         return
     data_dir = tmp_path_factory.mktemp("kafka-broker")
     broker = LocalBroker(data_dir, free_port())
+    with _running(broker):
+        yield broker.bootstrap
+
+
+@dataclasses.dataclass(frozen=True)
+class SecureKafka:
+    """A broker whose one client listener is SASL_SSL (SCRAM-SHA-512), with ACLs: ``admin`` is a
+    super user, ``pipeline`` holds :func:`~streamapp.tools.localkafka.acls.pipeline_acls` of
+    :attr:`settings` (the default settings: app id ``streamapp``, no topic prefix)."""
+
+    bootstrap: str  # "localhost:PORT", the only name in the broker's certificate
+    ca_file: Path
+    passwords: dict[str, str]  # {"admin": ..., "pipeline": ...}
+    settings: Settings
+    security: BrokerSecurity
+
+    def env(self, user: str) -> dict[str, str]:
+        """STREAMAPP_BROKER and the STREAMAPP_* security settings of ``user`` (password from a file)."""
+        return self.security.client_env(self.bootstrap, user)
+
+    def admin_env(self) -> dict[str, str]:
+        return self.env(ADMIN)
+
+    def client_options(self, user: str) -> dict[str, Any]:
+        """aiokafka keyword arguments that connect as ``user``."""
+        return self.security.client_options(user)
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory) -> Iterator[SecureKafka]:
+    """A secured broker on a free port, started once per session like ``kafka_bootstrap``."""
+    data_dir = tmp_path_factory.mktemp("kafka-secure")
+    settings = Settings()
+    security = BrokerSecurity(data_dir / "security", acls_for=settings)
+    broker = LocalBroker(data_dir, free_port(), security=security, heap="512m")
+    with _running(broker):
+        yield SecureKafka(broker.bootstrap, security.ca_file, {user: security.password(user) for user in USERS},
+                          settings, security)
+
+
+@contextlib.contextmanager
+def _running(broker: LocalBroker):
+    """The broker started (or the test failed with why not), stopped at the end, its topics deleted."""
     try:
         broker.start(timeout=120)
     except BrokerError as exc:
         pytest.fail(f"cannot start the test Kafka broker: {exc}", pytrace=False)
     try:
-        yield broker.bootstrap
+        yield broker
     finally:
         broker.stop()
         shutil.rmtree(broker.log_dirs, ignore_errors=True)

@@ -32,6 +32,7 @@ from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import CLUSTER_NODES, LocalCluster, default_cluster_dir
 from streamapp.tools.localkafka.common import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION
 from streamapp.tools.localkafka.locations import default_data_dir, kafka_home
+from streamapp.tools.localkafka.security import ADMIN, PIPELINE, SECURITY_MODES, USERS, BrokerSecurity, export_lines
 from streamapp.tools.replay import commands as replay_commands
 from streamapp.units import format_bytes
 from streamapp.wire import parse_stream_id
@@ -77,10 +78,12 @@ def configure_broker(parser: argparse.ArgumentParser) -> None:
         f"run from the Maven Central jars (fetched once into {kafka_home()}/libs; set "
         f"STREAMAPP_KAFKA_HOME to move them). Needs Java 17+, and Maven for the first start."
     )
-    actions = parser.add_subparsers(dest="action", required=True, metavar="{start,stop,status}")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{start,stop,status,env}")
     for action, help_text in (("start", "start the broker and wait until it answers"),
                               ("stop", "stop the broker (SIGTERM, then SIGKILL after --timeout)"),
-                              ("status", "show whether the broker runs (exit code 3 if not)")):
+                              ("status", "show whether the broker runs (exit code 3 if not)"),
+                              ("env", "print the STREAMAPP_* settings of a user of a broker started with "
+                                      "--security sasl_ssl, as export lines")):
         sub = actions.add_parser(action, help=help_text, description=help_text)
         sub.add_argument("--port", type=port_arg, default=None,
                          help=f"client port on 127.0.0.1 (default {DEFAULT_PORT}); the controller takes "
@@ -98,6 +101,16 @@ def configure_broker(parser: argparse.ArgumentParser) -> None:
             sub.add_argument("--max-message-bytes", type=size_arg, default=DEFAULT_MAX_MESSAGE_BYTES,
                              help=f"largest record batch the broker accepts "
                                   f"(default {format_bytes(DEFAULT_MAX_MESSAGE_BYTES)})")
+            sub.add_argument("--security", choices=SECURITY_MODES, default="plaintext",
+                             help="sasl_ssl: clients connect over TLS with SCRAM-SHA-512 (a CA, the broker's "
+                                  "certificate and the users' passwords generated into DATA_DIR/security); "
+                                  "prints the settings a client needs (default plaintext)")
+            sub.add_argument("--acls", action="store_true",
+                             help="with --security sasl_ssl: authorize by ACLs, admin the super user and "
+                                  "the pipeline user holding only what the pipeline of the STREAMAPP_* "
+                                  "settings in the environment needs")
+        elif action == "env":
+            sub.add_argument("--user", choices=USERS, default=PIPELINE, help=f"default {PIPELINE}")
         elif action == "stop":
             sub.add_argument("--timeout", type=seconds_arg, default=30.0,
                              help="seconds to wait after SIGTERM before killing it (default 30)")
@@ -106,16 +119,20 @@ def configure_broker(parser: argparse.ArgumentParser) -> None:
 def run_broker(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else DEFAULT_PORT
     max_message_bytes = getattr(args, "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
+    data_dir = args.data_dir or (default_cluster_dir(port) if args.nodes > 1 else default_data_dir(port))
+    security = _broker_security(args, Path(data_dir).expanduser().resolve())
     if args.nodes > 1:
-        cluster = LocalCluster(args.data_dir or default_cluster_dir(port), port, nodes=args.nodes,
-                               notify=_note, max_message_bytes=max_message_bytes)
+        cluster = LocalCluster(data_dir, port, nodes=args.nodes, notify=_note, security=security,
+                               max_message_bytes=max_message_bytes)
         return run_cluster(cluster, args)
-    data_dir = args.data_dir if args.data_dir is not None else default_data_dir(port)
-    broker = LocalBroker(data_dir, port, notify=_note, max_message_bytes=max_message_bytes)
+    broker = LocalBroker(data_dir, port, notify=_note, security=security, max_message_bytes=max_message_bytes)
+    if args.action == "env":
+        return _print_env(broker.bootstrap, security, args.user)
     if args.action == "start":
         began = time.monotonic()
         broker.start(timeout=args.timeout)
         print(f"broker {broker.status().describe()}; started in {time.monotonic() - began:.1f}s")
+        _print_env(broker.bootstrap, security, PIPELINE)
         return 0
     if args.action == "stop":
         outcome = broker.stop(timeout=args.timeout)
@@ -126,15 +143,42 @@ def run_broker(args: argparse.Namespace) -> int:
     return 0 if status.running else ExitCode.NOT_RUNNING
 
 
+def _broker_security(args: argparse.Namespace, data_dir: Path) -> BrokerSecurity | None:
+    """The security of ``broker start --security sasl_ssl [--acls]``, or of an existing
+    secured broker's data dir for ``broker env``."""
+    acls = getattr(args, "acls", False)
+    if getattr(args, "security", "plaintext") == "plaintext" and args.action != "env":
+        if acls:
+            raise UsageError("--acls needs --security sasl_ssl", "add --security sasl_ssl")
+        return None
+    return BrokerSecurity(data_dir / "security", Settings.from_env() if acls else None)
+
+
+def _print_env(bootstrap: str, security: BrokerSecurity | None, user: str) -> int:
+    if security is None:
+        return 0
+    if not security.generated():
+        raise CommandError(f"no broker in {security.directory.parent} was started with --security sasl_ssl",
+                           "start it with `streamapp broker start --security sasl_ssl`")
+    if user == PIPELINE:
+        print(f"# the {user} user's settings (the admin's: `streamapp broker env --user {ADMIN}` "
+              f"with the same --nodes, --port and --data-dir)")
+    print(export_lines(security.client_env(bootstrap, user)))
+    return 0
+
+
 def run_cluster(cluster: LocalCluster, args: argparse.Namespace) -> int:
-    """``broker start|stop|status --nodes N``: the same actions on every node; status exits 3
+    """``broker start|stop|status|env --nodes N``: the same actions on every node; status exits 3
     unless all of them run."""
+    if args.action == "env":
+        return _print_env(cluster.bootstrap, cluster.security, args.user)
     if args.action == "start":
         began = time.monotonic()
         cluster.start(timeout=args.timeout)
         _print_nodes(cluster)
         print(f"cluster started in {time.monotonic() - began:.1f}s; point the pipeline at it with\n"
               f"  STREAMAPP_BROKER=kafka://{cluster.bootstrap} STREAMAPP_REPLICATION_FACTOR={cluster.replication}")
+        _print_env(cluster.bootstrap, cluster.security, PIPELINE)
         return 0
     if args.action == "stop":
         for node, outcome in zip(cluster.nodes, cluster.stop(timeout=args.timeout), strict=True):
@@ -157,7 +201,10 @@ def configure_topics(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Create the pipeline's topics with their partitions and configs "
                           "(settings from STREAMAPP_* variables) and check they are co-partitioned. "
                           "Prints how STREAMAPP_BROKER_DISK_BUDGET is split over the topics, and "
-                          "refuses a budget they cannot fit in.")
+                          "refuses a budget they cannot fit in. With `join` in STREAMAPP_STAGES (as by "
+                          "default) it also creates the join table's changelog of that stage set, so a "
+                          "worker whose user may not create topics finds it. Topics that exist are "
+                          "verified, not changed.")
     parser.add_argument("action", choices=["create"])
 
 
@@ -166,7 +213,7 @@ def run_topics(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     print(disk_plan(settings).describe())  # refuses a plan that cannot fit before touching the broker
-    created = asyncio.run(ensure_topics(settings))
+    created = asyncio.run(ensure_topics(settings, with_changelog="join" in settings.stages))
     print(f"topics ready on {settings.bootstrap_servers}; created: {', '.join(created) or 'none'}")
     return 0
 
@@ -268,7 +315,10 @@ def configure_demo(parser: argparse.ArgumentParser) -> None:
                           "YOLOv3-tiny (model and videos fetched first, see `streamapp model` and "
                           "`streamapp samples`); with --synthetic, synthetic streams checked against "
                           "their true boxes. Checks every frame came out exactly once and writes "
-                          "videos, contact_sheet.png and summary.json to --out.")
+                          "videos, contact_sheet.png and summary.json to --out. It uses topics of its "
+                          "own, deleted at the end, unless STREAMAPP_TOPIC_PREFIX names topics an admin "
+                          "made (for a user who may not create topics); it connects as the STREAMAPP_* "
+                          "security settings say, by the host of STREAMAPP_BROKER.")
     parser.add_argument("--synthetic", action="store_true",
                         help="synthetic scenes with known boxes and the colour detector (no downloads)")
     parser.add_argument("--video", type=Path, action="append", dest="videos", default=[],

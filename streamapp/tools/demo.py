@@ -90,8 +90,11 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
     out = options.out.resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     run = new_epoch()
-    base = (settings or Settings.from_env()).replace(
-        topic_prefix=f"demo-{run}.", out_dir=out, stages=STAGES)
+    given = settings or Settings.from_env()
+    # Topics of its own, deleted at the end, unless STREAMAPP_TOPIC_PREFIX names topics an admin
+    # made for it (a user who may not create topics).
+    own_topics = not given.topic_prefix
+    base = given.replace(topic_prefix=given.topic_prefix or f"demo-{run}.", out_dir=out, stages=STAGES)
     if not options.synthetic:
         options = dataclasses.replace(options, videos=options.videos or tuple(_fetch(assets.SAMPLES)))
         _fetch(assets.MODEL)
@@ -117,7 +120,7 @@ def run_demo(options: DemoOptions, settings: Settings | None = None) -> dict:
         pipeline.stop()
         if broker is not None:
             broker.stop()  # its data dir, topics included, stays for the next run
-        else:
+        elif own_topics:
             asyncio.run(delete_topics(base))
     if not summary["exactly_once"]:
         raise DemoFailed(f"not every frame came out exactly once; see {out / 'summary.json'}")

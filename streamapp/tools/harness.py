@@ -25,11 +25,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
 from streamapp.groundtruth import TruthBox
+from streamapp.kafkasecurity import client_options
 from streamapp.settings import STAGES, Settings
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.common import Notify
 from streamapp.tools.localkafka.locations import default_data_dir
 from streamapp.tools.localkafka.processes import free_port, port_in_use
+from streamapp.tools.localkafka.security import BrokerSecurity
 from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
@@ -43,8 +45,10 @@ READY_TIMEOUT_S = 120.0
 
 def ensure_broker(settings: Settings, port: int, data_dir: Path | None = None) -> tuple[LocalBroker | None, Settings]:
     """Use a broker already listening on ``port``; otherwise start a local one there (the caller
-    then owns it and stops it). Returns the broker started, if any, and ``settings`` pointed at it."""
-    address = settings.replace(broker=f"kafka://127.0.0.1:{port}")
+    then owns it and stops it). Returns the broker started, if any, and ``settings`` pointed at it,
+    by the host STREAMAPP_BROKER names (a TLS broker's certificate may name only ``localhost``)."""
+    host = settings.bootstrap_servers.split(",")[0].rpartition(":")[0] or "127.0.0.1"
+    address = settings.replace(broker=f"kafka://{host}:{port}")
     if port_in_use(port):
         return None, address
     broker = LocalBroker(data_dir or default_data_dir(port), port)
@@ -52,16 +56,18 @@ def ensure_broker(settings: Settings, port: int, data_dir: Path | None = None) -
     return broker, address
 
 
-def own_broker(data_dir: Path, *, notify: Notify | None = None, timeout_s: float = 120.0) -> LocalBroker:
-    """A local broker of its own on a free port, data in ``data_dir``, started."""
-    broker = LocalBroker(data_dir, free_port(), notify=notify)
+def own_broker(data_dir: Path, *, notify: Notify | None = None, timeout_s: float = 120.0,
+               security: BrokerSecurity | None = None) -> LocalBroker:
+    """A local broker of its own on a free port, data in ``data_dir``, started (SASL_SSL with
+    ``security``)."""
+    broker = LocalBroker(data_dir, free_port(), notify=notify, security=security)
     broker.start(timeout=timeout_s)
     return broker
 
 
 async def delete_topics(settings: Settings) -> None:
     """The topics of ``settings``'s prefix: a run on a broker it did not start leaves it as it was."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
         mine = [name for name in await admin.list_topics() if name.startswith(settings.topic_prefix)]
@@ -197,7 +203,7 @@ async def publish_frames(settings: Settings, stream: str, count: int, *, seed: i
 def output_consumer(settings: Settings, *topics: str, **overrides) -> AIOKafkaConsumer:
     """A consumer of the pipeline's output as a downstream reader sees it: from the earliest
     record, records up to the frame limit, no group offsets committed (unless ``overrides``)."""
-    config = dict(bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest",
+    config = dict(**client_options(settings), auto_offset_reset="earliest",
                   enable_auto_commit=False, max_partition_fetch_bytes=max_record_bytes(settings))
     return AIOKafkaConsumer(*topics, **{**config, **overrides})
 

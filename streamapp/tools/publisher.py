@@ -17,8 +17,9 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
 from streamapp.agents.source import Pacer
-from streamapp.connect import start_client
+from streamapp.connect import acl_errors_named, quiet_logger, start_client
 from streamapp.errors import StreamappError
+from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
 from streamapp.worker.producer import KeyPartitioner
@@ -33,7 +34,7 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     bounded in bytes (aiokafka holds at most one per partition), each write acknowledged by every
     in-sync copy and never written twice by a retry (as the workers' own producers write)."""
     limit = max_record_bytes(settings)
-    config = dict(bootstrap_servers=settings.bootstrap_servers, max_request_size=limit,
+    config = dict(**client_options(settings), max_request_size=limit,
                   max_batch_size=min(limit, MAX_BATCH_BYTES), linger_ms=LINGER_MS, acks="all",
                   enable_idempotence=True, partitioner=KeyPartitioner())
     return {**config, **overrides}
@@ -54,7 +55,14 @@ class FramePublisher:
         self.published_bytes = 0
 
     async def __aenter__(self) -> FramePublisher:
-        await start_client(self.producer, self.settings.bootstrap_servers)
+        await start_client(self.producer, self.settings)
+        try:
+            # The topic's metadata now, so a missing ACL is named before anything is sent.
+            with quiet_logger("aiokafka"), acl_errors_named(self.settings, operation="WRITE", topics=self.topic):
+                await self.producer.partitions_for(self.topic)
+        except BaseException:
+            await self.producer.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -83,12 +91,13 @@ class FramePublisher:
         arrive, each at ``fps`` (None or 0: as fast as the broker takes them), until they end or
         ``stopping`` is set; ``on_frame`` sees each frame once it is handed to the producer."""
         pacer = Pacer(fps * len(streams) if fps else None)
-        async for frame, kept in paced(interleave(streams), pacer.delay):
-            if stopping is not None and stopping.is_set():
-                break
-            await self.publish(frame)
-            on_frame(frame, kept)
-        await self.flush()
+        with acl_errors_named(self.settings, operation="WRITE", topics=self.topic):
+            async for frame, kept in paced(interleave(streams), pacer.delay):
+                if stopping is not None and stopping.is_set():
+                    break
+                await self.publish(frame)
+                on_frame(frame, kept)
+            await self.flush()
 
 
 async def paced(frames: Iterable, delay) -> AsyncIterator:

@@ -12,14 +12,16 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+import os
 import sys
-from typing import cast
+from typing import NoReturn, cast
 
 import faust
 from faust.tables import TableManager
 
 from streamapp import kafkaclient, topics as topic_defs
 from streamapp.errors import StreamappError, one_line
+from streamapp.kafkasecurity import broker_credentials
 from streamapp.settings import Settings
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
@@ -69,7 +71,11 @@ class StreamApp(faust.App):
         # Faust types this setting str, though None (its default) is dynamic membership.
         self.conf.consumer_group_instance_id = settings.group_instance_id(  # type: ignore[assignment]
             str(self.conf.canonical_url))
-        created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages)
+        try:
+            created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages, group=True)
+        except StreamappError as exc:
+            # Before any stream or table has started: nothing to flush, so no shutdown to wait for.
+            exit_with(exc)
         if created:
             log.info("created topics: %s", ", ".join(created))
         self.producer.buffer.max_messages = self.memory_plan.send_buffer_bytes
@@ -136,6 +142,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     app = StreamApp(
         settings.group_id,
         broker=settings.broker,
+        broker_credentials=broker_credentials(settings.security),
         store=STORE_URL,
         datadir=str(settings.data_dir),
         web_port=settings.web_port,
@@ -143,6 +150,9 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         value_serializer="raw",
         topic_partitions=settings.partitions,
         topic_disable_leader=True,
+        # Every topic, the join's changelog included, is made (or verified, for a user who may not
+        # create topics) by on_first_start; Faust would try to create the changelog again.
+        topic_allow_declare=False,
         table_standby_replicas=standby_replicas(settings),
         topic_replication_factor=settings.replication_factor,
         broker_max_poll_records=POLL_RECORDS,
@@ -218,6 +228,13 @@ def create_app_or_exit() -> StreamApp:
     try:
         return create_app()
     except StreamappError as exc:
-        print(f"streamapp: error: {one_line(exc)}", file=sys.stderr, flush=True)
-        raise SystemExit(exc.exit_code) from None
+        exit_with(exc)
+
+
+def exit_with(error: StreamappError) -> NoReturn:
+    """A worker that cannot start: the error's one line and its exit code, as the command's."""
+    # The process's own stderr: a started Faust worker redirects sys.stderr into its log.
+    print(f"streamapp: error: {one_line(error)}", file=sys.__stderr__, flush=True)
+    logging.shutdown()
+    os._exit(error.exit_code)
 

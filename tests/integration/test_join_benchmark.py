@@ -22,8 +22,8 @@ def systems_that_build() -> tuple[str, ...]:
     try:
         kstreams.ensure_build()
     except BrokerError:
-        return ("copy", "streamapp")
-    return ("copy", "kstreams", "streamapp")
+        return ("copy", "streamapp", "streamapp-tls")
+    return ("copy", "kstreams", "streamapp", "streamapp-tls")
 
 
 @pytest.mark.kafka
@@ -49,3 +49,5 @@ def test_bench_join_runs_every_system_and_writes_its_report(tmp_path):
         assert report["systems"]["kstreams"]["backlog"]["peak_pending_bytes"] > 0
     ours = report["systems"]["streamapp"]["backlog"]
     assert ours["joined"] + ours["unmatched"] == PAIRS  # every frame left the join once
+    # The worker over SASL_SSL on its own broker, beside the PLAINTEXT one: the report's ratios.
+    assert report["ratios"]["tls_backlog_vs_plaintext"] > 0 and report["ratios"]["tls_cpu_per_pair_vs_plaintext"] > 0

@@ -15,6 +15,7 @@ from aiokafka.conn import AIOKafkaConnection
 from aiokafka.producer import message_accumulator
 
 from streamapp import kafkaclient, kafkacrc, kafkaread
+from streamapp.tools.localkafka.security import ADMIN
 
 pytestmark = pytest.mark.kafka
 
@@ -26,8 +27,18 @@ def payload(index: int) -> bytes:
     return random.Random(index).randbytes(MIB)
 
 
-async def create_topic(bootstrap: str, topic: NewTopic) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+@pytest.fixture(params=["PLAINTEXT", "SASL_SSL"])
+def connection(request) -> tuple[str, dict]:
+    """Bootstrap servers and aiokafka options of the plain test broker, or of the secured one as
+    its admin: the project's changes to aiokafka's connection must hold over TLS too."""
+    if request.param == "PLAINTEXT":
+        return request.getfixturevalue("kafka_bootstrap"), {}
+    secure = request.getfixturevalue("secure_kafka")
+    return secure.bootstrap, secure.client_options(ADMIN)
+
+
+async def create_topic(bootstrap: str, topic: NewTopic, options: dict | None = None) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(options or {}))
     await admin.start()
     try:
         response = await admin.create_topics([topic])
@@ -49,20 +60,21 @@ async def topic_configs(bootstrap: str, topic: str) -> dict[str, tuple[str, int]
     return {e["config_names"]: (e["config_value"], e["config_source"]) for e in resource["config_entries"]}
 
 
-def test_200_records_of_1mib_with_keys_and_headers_round_trip(kafka_bootstrap, unique_topic):
+def test_200_records_of_1mib_with_keys_and_headers_round_trip(connection, unique_topic):
     """Read and written as the worker does: through WholeResponseReader, fetches of up to 32 MiB,
     produce requests whose record batches go to the socket unjoined (streamapp.kafkawrite), batches
     built and checked with the CPU's CRC-32C (streamapp.kafkacrc): the broker checks every batch's
-    checksum, so a wrong one would be refused."""
+    checksum, so a wrong one would be refused. Over PLAINTEXT and over SASL_SSL."""
+    bootstrap, options = connection
     kafkaclient.install()
     assert getattr(AIOKafkaConnection.send, "writes_batches_unjoined", False)
     assert message_accumulator.DefaultRecordBatchBuilder is kafkacrc.LeanBatchBuilder
 
     async def scenario():
-        await create_topic(kafka_bootstrap, NewTopic(unique_topic, 3, 1))
+        await create_topic(bootstrap, NewTopic(unique_topic, 3, 1), options)
         sent = {}
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all",
-                                    max_request_size=4 * MIB, linger_ms=5)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                    max_request_size=4 * MIB, linger_ms=5, **options)
         await producer.start()
         try:
             pending = []
@@ -78,9 +90,9 @@ def test_200_records_of_1mib_with_keys_and_headers_round_trip(kafka_bootstrap, u
             await producer.stop()
 
         received = {}
-        consumer = AIOKafkaConsumer(unique_topic, bootstrap_servers=kafka_bootstrap, group_id=None,
+        consumer = AIOKafkaConsumer(unique_topic, bootstrap_servers=bootstrap, group_id=None,
                                     auto_offset_reset="earliest", enable_auto_commit=False,
-                                    max_partition_fetch_bytes=4 * MIB, fetch_max_bytes=32 * MIB)
+                                    max_partition_fetch_bytes=4 * MIB, fetch_max_bytes=32 * MIB, **options)
         await consumer.start()
         try:
             async with asyncio.timeout(120):

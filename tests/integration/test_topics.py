@@ -11,6 +11,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from streamapp.errors import ExitCode
 from streamapp.settings import Settings
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.topics import TopicError, check_copartitioned, disk_plan, ensure_topics, topic_names
@@ -91,8 +92,11 @@ def test_a_join_worker_refuses_to_start_on_mismatched_partitions(kafka_bootstrap
         [str(faust), "-A", "streamapp.app", "worker", "-l", "info", "--web-port", str(free_port())],
         env={**settings.to_env(), "PATH": str(faust.parent)}, capture_output=True, text=True, timeout=120,
     )
-    assert finished.returncode != 0
-    assert "same number of partitions" in finished.stdout + finished.stderr
+    # One line (after the worker's own info log), its exit code, no traceback before it.
+    assert finished.returncode == ExitCode.FAILURE, finished.stderr
+    assert finished.stderr.splitlines()[-1].startswith("streamapp: error: topics that feed the join must have the "
+                                                       "same number of partitions"), finished.stderr
+    assert "Traceback" not in finished.stdout + finished.stderr
 
 
 def test_check_copartitioned_accepts_equal_counts():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import hashlib
 import os
 import socket
@@ -11,13 +13,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
+from streamapp.errors import ExitCode
+from streamapp.settings import STAGES, Settings
+from streamapp.tools.cli import main
 from streamapp.tools.localkafka import jars, locations, processes
+from streamapp.tools.localkafka.acls import PatternType, pipeline_acls
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import LocalCluster
 from streamapp.tools.localkafka.common import BrokerError
 from streamapp.tools.localkafka.jars import check_java, ensure_jars, find_java, parse_java_version
 from streamapp.tools.localkafka.processes import free_port, last_error_line, new_cluster_id, port_in_use
+from streamapp.tools.localkafka.security import ADMIN, PIPELINE, USERS, BrokerSecurity, export_lines, make_certificates
+from streamapp.topics import changelog_name, topic_names
 
 MIB = 1024**2
 
@@ -341,3 +351,203 @@ def test_the_last_error_line_of_a_broker_log_says_why_it_stopped(tmp_path):
     log.write_text("[2026-12-01 10:00:00,000] INFO all well\n")
     assert last_error_line(log) is None
     assert last_error_line(tmp_path / "missing.log") is None
+
+
+# --- --security sasl_ssl -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificates():
+    return make_certificates("localhost")
+
+
+def test_the_ca_signs_a_broker_certificate_for_localhost_only(certificates):
+    ca_pem, keystore_pem = certificates
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    [leaf, chained_ca] = x509.load_pem_x509_certificates(keystore_pem)
+    assert chained_ca == ca
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    leaf.verify_directly_issued_by(ca)
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [name.value for name in names] == ["localhost"]  # no IP: 127.0.0.1 fails the hostname check
+    now = datetime.datetime.now(datetime.UTC)
+    assert leaf.not_valid_before_utc < now < leaf.not_valid_after_utc
+
+
+def test_the_keystore_is_a_pem_store_kafka_reads(certificates):
+    """Kafka's PEM key store: an unencrypted PKCS#8 key, then the chain; Python's TLS accepts
+    it as a server's chain and trusts it through the CA file."""
+    ca_pem, keystore_pem = certificates
+    assert keystore_pem.startswith(b"-----BEGIN PRIVATE KEY-----\n")
+    assert keystore_pem.count(b"-----BEGIN CERTIFICATE-----") == 2
+    key = serialization.load_pem_private_key(keystore_pem, password=None)
+    [leaf, _] = x509.load_pem_x509_certificates(keystore_pem)
+    assert key.public_key() == leaf.public_key()
+
+
+def test_security_files_are_made_once_readable_by_their_owner_only(tmp_path):
+    security = BrokerSecurity(tmp_path / "security")
+    assert not security.generated()
+    security.ensure()
+    assert security.generated()
+    assert stat.S_IMODE(security.directory.stat().st_mode) == 0o700
+    for secret in (security.keystore_file, *map(security.password_file, USERS)):
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
+    passwords = {user: security.password(user) for user in USERS}
+    assert len(set(passwords.values())) == len(USERS) and all(len(p) >= 32 for p in passwords.values())
+    ca = security.ca_file.read_bytes()
+    security.ensure()  # a restart keeps them: the users were created with these passwords
+    assert {user: security.password(user) for user in USERS} == passwords
+    assert security.ca_file.read_bytes() == ca
+
+
+def test_users_are_created_at_format_time_with_scram_sha_512(tmp_path):
+    security = BrokerSecurity(tmp_path / "security")
+    security.ensure()
+    assert security.scram_arguments() == [
+        "--add-scram", f"SCRAM-SHA-512=[name=admin,password={security.password(ADMIN)}]",
+        "--add-scram", f"SCRAM-SHA-512=[name=pipeline,password={security.password(PIPELINE)}]",
+    ]
+
+
+def secured(tmp_path, port=19092, acls_for=None) -> LocalBroker:
+    security = BrokerSecurity(tmp_path / "security", acls_for)
+    security.ensure()
+    return LocalBroker(tmp_path, port, security=security)
+
+
+def test_a_secured_broker_takes_sasl_ssl_clients_only_advertised_as_localhost(tmp_path):
+    broker = secured(tmp_path)
+    props = broker.properties(controller_port=19093)
+    assert broker.bootstrap == "localhost:19092"
+    assert props["listeners"] == "SASL_SSL://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["advertised.listeners"] == "SASL_SSL://localhost:19092"
+    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+    assert props["inter.broker.listener.name"] == "SASL_SSL"
+    assert props["sasl.enabled.mechanisms"] == props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
+    jaas = props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
+    assert f'username="admin" password="{broker.security.password(ADMIN)}";' in jaas
+    assert props["ssl.keystore.type"] == props["ssl.truststore.type"] == "PEM"
+    assert props["ssl.keystore.location"] == broker.security.keystore_file
+    assert "authorizer.class.name" not in props
+
+
+def test_with_acls_admin_is_the_super_user_besides_the_controller_listener(tmp_path):
+    props = secured(tmp_path, acls_for=Settings()).properties(controller_port=19093)
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["super.users"] == "User:admin;User:ANONYMOUS"
+
+
+def test_the_properties_file_of_a_secured_broker_is_private(tmp_path):
+    broker = secured(tmp_path)
+    broker._write_properties(19093)
+    assert stat.S_IMODE(broker.properties_file.stat().st_mode) == 0o600
+    assert broker.status().bootstrap == "localhost:19092"
+    assert "SASL_SSL localhost:19092" in dataclasses.replace(broker.status(), running=True).describe()
+
+
+def test_a_data_dir_formatted_without_users_cannot_run_secured(local):
+    local.log_dirs.mkdir(parents=True)
+    (local.log_dirs / "meta.properties").write_text("cluster.id=abc\nnode.id=1\n")
+    local.security = BrokerSecurity(local.data_dir / "security")
+    with pytest.raises(BrokerError, match="formatted without SASL users"):
+        local.start()
+
+
+def test_client_settings_use_the_agreed_names(tmp_path):
+    security = BrokerSecurity(tmp_path / "a dir")
+    env = security.client_env("localhost:19092", PIPELINE)
+    assert env == {
+        "STREAMAPP_BROKER": "kafka://localhost:19092",
+        "STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL",
+        "STREAMAPP_SSL_CA_FILE": str(tmp_path / "a dir" / "ca.pem"),
+        "STREAMAPP_SASL_MECHANISM": "SCRAM-SHA-512",
+        "STREAMAPP_SASL_USERNAME": "pipeline",
+        "STREAMAPP_SASL_PASSWORD_FILE": str(tmp_path / "a dir" / "pipeline.password"),
+    }
+    assert f"export STREAMAPP_SSL_CA_FILE='{tmp_path}/a dir/ca.pem'" in export_lines(env).splitlines()
+
+
+def test_a_secured_cluster_shares_one_security_dir_and_adds_the_acls_once(tmp_path):
+    security = BrokerSecurity(tmp_path / "cluster" / "security", Settings())
+    security.ensure()
+    cluster = LocalCluster(tmp_path / "cluster", 19092, security=security)
+    assert cluster.bootstrap == "localhost:19092,localhost:19093,localhost:19094"
+    for number, node in enumerate(cluster.nodes, start=1):
+        props = node.properties(controller_port=19094 + number)
+        assert props["advertised.listeners"] == f"SASL_SSL://localhost:{19091 + number}"
+        assert props["controller.quorum.voters"] == "1@127.0.0.1:19095,2@127.0.0.1:19096,3@127.0.0.1:19097"
+        assert props["ssl.keystore.location"] == security.keystore_file
+        assert props["super.users"] == "User:admin;User:ANONYMOUS"
+
+
+# --- the pipeline user's ACLs ----------------------------------------------------------------
+
+
+def granted(acls) -> set[tuple[str, str, str, str]]:
+    return {(acl.resource.name, acl.name, acl.pattern.name, acl.operation.name) for acl in acls}
+
+
+def test_the_pipeline_reads_and_writes_its_topics_and_creates_nothing():
+    settings = Settings(topic_prefix="cam.", app_id="city")
+    assert granted(pipeline_acls(settings)) == {
+        ("TOPIC", "cam.frames", "LITERAL", "WRITE"),
+        ("TOPIC", "cam.frames", "LITERAL", "READ"),
+        ("TOPIC", "cam.frames.scaled", "LITERAL", "WRITE"),
+        ("TOPIC", "cam.frames.scaled", "LITERAL", "READ"),
+        ("TOPIC", "cam.detections", "LITERAL", "WRITE"),
+        ("TOPIC", "cam.detections", "LITERAL", "READ"),
+        ("TOPIC", "cam.joined", "LITERAL", "WRITE"),
+        ("TOPIC", "cam.joined", "LITERAL", "READ"),
+        ("TOPIC", "cam.deadletter", "LITERAL", "WRITE"),
+        ("TOPIC", "cam.city-", "PREFIXED", "WRITE"),
+        ("TOPIC", "cam.city-", "PREFIXED", "READ"),
+        ("GROUP", "cam.city-", "PREFIXED", "READ"),
+    }
+    exactly_once = pipeline_acls(settings.replace(processing_guarantee="exactly_once"))
+    assert granted(exactly_once) - granted(pipeline_acls(settings)) == {
+        ("TRANSACTIONAL_ID", "cam.city-", "PREFIXED", "WRITE")}
+
+
+@pytest.mark.parametrize("stages", [STAGES, ("resize",), ("infer",), ("join",), ("sink",), ("join", "sink")])
+def test_the_prefixed_acls_cover_the_names_faust_and_the_workers_use(stages):
+    from faust.transport.consumer import TopicPartitionGroup, TransactionManager
+
+    settings = Settings(topic_prefix="cam.", app_id="city", stages=stages, processing_guarantee="exactly_once")
+    prefixes = {acl.resource.name: acl.name for acl in pipeline_acls(settings) if acl.pattern is PatternType.PREFIXED}
+    assert settings.group_id.startswith(prefixes["GROUP"])
+    assert changelog_name(settings).startswith(prefixes["TOPIC"])
+    transaction = TransactionManager.transactional_id_format.format(group_id=settings.group_id,
+                                                                    tpg=TopicPartitionGroup("t", 3, 0))
+    assert transaction.startswith(prefixes["TRANSACTIONAL_ID"])
+
+
+def test_every_stage_finds_what_it_reads_and_writes():
+    settings = Settings()
+    names = topic_names(settings)
+    needs = {(stage, acl.name, acl.operation.name) for acl in pipeline_acls(settings) for stage in acl.needed_by}
+    flows = {"resize": ("frames", "scaled"), "infer": ("scaled", "detections"), "sink": ("joined", None)}
+    for stage, (source, output) in flows.items():
+        assert (stage, names[source], "READ") in needs
+        assert output is None or (stage, names[output], "WRITE") in needs
+        assert (stage, names["deadletter"], "WRITE") in needs
+    assert {("join", names["frames"], "READ"), ("join", names["detections"], "READ"),
+            ("join", names["joined"], "WRITE"), ("produce", names["frames"], "WRITE")} <= needs
+
+
+def test_acls_without_sasl_ssl_is_a_bad_flag(tmp_path, capsys):
+    assert main(["broker", "start", "--acls", "--data-dir", str(tmp_path / "b")]) == ExitCode.USAGE
+    assert capsys.readouterr().err == "streamapp: error: --acls needs --security sasl_ssl — add --security sasl_ssl\n"
+    assert not (tmp_path / "b").exists()
+
+
+def test_broker_env_prints_a_users_settings_or_says_it_has_none(tmp_path, capsys):
+    assert main(["broker", "env", "--data-dir", str(tmp_path), "--port", "19092"]) == ExitCode.FAILURE
+    assert "was started with --security sasl_ssl" in capsys.readouterr().err
+    BrokerSecurity(tmp_path / "security").ensure()
+    assert main(["broker", "env", "--user", "admin", "--data-dir", str(tmp_path), "--port", "19092"]) == 0
+    out = capsys.readouterr().out
+    assert "export STREAMAPP_BROKER=kafka://localhost:19092\n" in out
+    assert f"export STREAMAPP_SASL_PASSWORD_FILE={tmp_path}/security/admin.password\n" in out
+    assert BrokerSecurity(tmp_path / "security").password(ADMIN) not in out

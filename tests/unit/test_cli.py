@@ -29,7 +29,7 @@ def test_no_command_is_a_usage_error(capsys):
 def test_broker_without_action_is_a_usage_error(capsys):
     assert main(["broker"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("streamapp: error: the following arguments are required: {start,stop,status}")
+    assert err.startswith("streamapp: error: the following arguments are required: {start,stop,status,env}")
     assert "see `streamapp broker --help`" in err and err.count("\n") == 1
 
 

@@ -40,6 +40,8 @@ VALUE_SETS = {
 }
 MIB = 1024**2
 WORKER_KINDS = ("Deployment", "StatefulSet")
+# Where the chart mounts the Kafka credentials Secret in every worker.
+SECRET_MOUNT = "/etc/streamapp/kafka/"
 
 
 def cache_home() -> Path:
@@ -95,8 +97,25 @@ def container(worker: dict) -> dict:
 def environment(objects: list[dict], worker: dict) -> dict[str, str]:
     """What the worker's process sees: the shared ConfigMap, then its own values."""
     env = dict(named(objects, "ConfigMap", "-env")["data"])
-    env.update({item["name"]: item["value"] for item in container(worker).get("env", []) if "value" in item})
+    for item in container(worker).get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            ref = item["valueFrom"]["secretKeyRef"]
+            env[item["name"]] = next(obj for obj in of_kind(objects, "Secret")
+                                     if obj["metadata"]["name"] == ref["name"])["stringData"][ref["key"]]
     return env
+
+
+def settings_of(env: dict[str, str], secrets: Path) -> Settings:
+    """The settings a worker reads, with the files its Secret mounts stood in for under ``secrets``
+    (settings refuse a secret or CA file that cannot be read)."""
+    mounted = {}
+    for name, value in env.items():
+        if value.startswith(SECRET_MOUNT):
+            mounted[name] = secrets / Path(value).name
+            mounted[name].write_text("stand-in for a mounted secret\n")
+    return Settings.from_env({**env, **{name: str(path) for name, path in mounted.items()}})
 
 
 def crd_schema_file(obj: dict) -> Path:
@@ -196,7 +215,7 @@ def test_sink_out_volume_holds_its_streams_budgets_and_the_reserve(helm):
 
 
 @pytest.mark.parametrize("max_replicas", [3, 50])
-def test_autoscaler_never_asks_for_more_workers_than_partitions(helm, max_replicas):
+def test_autoscaler_never_asks_for_more_workers_than_partitions(helm, max_replicas, tmp_path):
     objects = render(helm, *VALUE_SETS["managed-kafka"], "--set", f"infer.autoscaling.maxReplicas={max_replicas}")
     [scaled] = of_kind(objects, "ScaledObject")
     partitions = int(named(objects, "ConfigMap", "-env")["data"]["STREAMAPP_PARTITIONS"])
@@ -205,22 +224,22 @@ def test_autoscaler_never_asks_for_more_workers_than_partitions(helm, max_replic
     assert scaled["spec"]["scaleTargetRef"]["name"] == infer["metadata"]["name"]
     assert "replicas" not in infer["spec"], "the autoscaler owns the replica count"
     [trigger] = scaled["spec"]["triggers"]
-    settings = Settings.from_env({**environment(objects, infer)})
+    settings = settings_of(environment(objects, infer), tmp_path)
     assert trigger["metadata"]["consumerGroup"] == settings.group_id
     assert trigger["metadata"]["topic"] == f"{settings.topic_prefix}frames.scaled"
     assert (trigger["metadata"]["sasl"], trigger["metadata"]["tls"]) == ("scram_sha512", "enable")
 
 
-def test_every_worker_is_probed_hardened_and_runs_its_stage(rendered):
+def test_every_worker_is_probed_hardened_and_runs_its_stage(rendered, tmp_path):
     stages = set()
     for worker in workers(rendered):
         spec, main = worker["spec"]["template"]["spec"], container(worker)
         env = environment(rendered, worker)
-        Settings.from_env(env)  # every value the chart gives is a valid setting
+        settings = settings_of(env, tmp_path)  # every value the chart gives is a valid setting
         stages.add(env["STREAMAPP_STAGES"])
         assert env["STREAMAPP_WEB_BIND"] == "0.0.0.0", "probes reach the web port from outside the pod"
         # Static membership only where the host name (part of the member's id) survives a restart.
-        assert Settings.from_env(env).static_membership == (worker["kind"] == "StatefulSet")
+        assert settings.static_membership == (worker["kind"] == "StatefulSet")
         assert main["command"][:4] == ["faust", "--quiet", "-A", "streamapp.app"]
         assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"

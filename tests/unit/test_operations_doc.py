@@ -5,7 +5,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamapp.settings import _ENV
+from streamapp.settings import _ENV, Settings
+from streamapp.tools.localkafka.acls import PatternType, pipeline_acls
 from streamapp.worker.metrics import HELP, Metrics, faust_monitor
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
@@ -42,3 +43,26 @@ def test_every_family_on_the_metrics_page_is_documented():
         or any(name.startswith(prefix) for prefix in family_rows()))}
     assert {"process_", "python_gc_", "faust_"} <= family_rows()
     assert "join_joined_total" in names and not undocumented, f"not in docs/operations.md: {sorted(undocumented)}"
+
+
+def test_every_security_setting_is_documented(tmp_path):
+    pem = tmp_path / "file.pem"
+    pem.write_text("")
+    tls = {"STREAMAPP_SSL_CA_FILE": str(pem), "STREAMAPP_SSL_CERT_FILE": str(pem), "STREAMAPP_SSL_KEY_FILE": str(pem),
+           "STREAMAPP_SSL_KEY_PASSWORD": "x"}
+    scram = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": "SCRAM-SHA-512",
+             "STREAMAPP_SASL_USERNAME": "u", "STREAMAPP_SASL_PASSWORD": "p", **tls}
+    oauth = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": "OAUTHBEARER",
+             "STREAMAPP_OAUTH_TOKEN_URL": "https://t", "STREAMAPP_OAUTH_CLIENT_ID": "c",
+             "STREAMAPP_OAUTH_CLIENT_SECRET": "s", "STREAMAPP_OAUTH_SCOPE": "k"}
+    variables = {name for env in (scram, oauth) for name in Settings.from_env(env).security.to_env()}
+    assert len(variables) == 13 and variables <= rows(), f"not in docs/operations.md: {sorted(variables - rows())}"
+
+
+def test_the_documented_acls_are_the_ones_the_local_broker_grants():
+    section = DOC.split("### Kafka ACLs", 1)[1].split("\n### ", 1)[0]
+    documented = re.findall(r"^\| (READ|WRITE) \| ([A-Z_]+) \| `([^`]+)` \| ([A-Z]+) \| ([^|]+) \|$", section, re.M)
+    granted = [(acl.operation.name, acl.resource.name, f"{acl.name}*" if acl.pattern is PatternType.PREFIXED
+                else acl.name, acl.pattern.name, ", ".join(acl.needed_by))
+               for acl in pipeline_acls(Settings(processing_guarantee="exactly_once"))]
+    assert documented == granted

@@ -4,7 +4,8 @@ a whole fetched batch in flight before awaiting its acknowledgements), reading r
 writing produce requests and partitioning keys as the worker does (streamapp.kafkaread,
 streamapp.kafkawrite, KeyPartitioner).
 
-Run as ``python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...``; it prints ``ready``
+Run as ``python -m streamapp.tools.bench.copy GROUP TARGET SOURCE...``, connecting as the ``STREAMAPP_*``
+settings say (broker, security); it prints ``ready``
 once its partitions are assigned, and copies until it is terminated.
 """
 
@@ -16,6 +17,7 @@ import sys
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamapp import kafkaclient
+from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes
 from streamapp.worker.producer import KeyPartitioner
@@ -24,12 +26,12 @@ READY_MARKER = "ready"
 MIB = 1024**2
 
 
-async def copy(bootstrap: str, group: str, target: str, sources: list[str]) -> None:
-    limit = max_record_bytes(Settings())
-    consumer = AIOKafkaConsumer(*sources, bootstrap_servers=bootstrap, group_id=group,
+async def copy(settings: Settings, group: str, target: str, sources: list[str]) -> None:
+    limit = max_record_bytes(settings)
+    consumer = AIOKafkaConsumer(*sources, **client_options(settings), group_id=group,
                                 auto_offset_reset="earliest", max_partition_fetch_bytes=limit,
                                 fetch_max_bytes=64 * MIB)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=limit,
+    producer = AIOKafkaProducer(**client_options(settings), max_request_size=limit,
                                 max_batch_size=MIB, linger_ms=5, partitioner=KeyPartitioner())
     await consumer.start()
     await producer.start()
@@ -49,13 +51,13 @@ async def copy(bootstrap: str, group: str, target: str, sources: list[str]) -> N
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4:
-        print("usage: python -m streamapp.tools.bench.copy BOOTSTRAP GROUP TARGET SOURCE...", file=sys.stderr)
+    if len(argv) < 3:
+        print("usage: python -m streamapp.tools.bench.copy GROUP TARGET SOURCE...", file=sys.stderr)
         return 2
-    bootstrap, group, target, *sources = argv
+    group, target, *sources = argv
     # As the worker reads and writes: the limit is for these bytes, not for asyncio's and aiokafka's copies.
     kafkaclient.install()
-    asyncio.run(copy(bootstrap, group, target, sources))
+    asyncio.run(copy(Settings.from_env(), group, target, sources))
     return 0
 
 

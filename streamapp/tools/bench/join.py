@@ -1,6 +1,8 @@
 """``streamapp bench join``: three systems on one local broker and the same bytes, one after the
 other — a plain aiokafka consumer→producer copy (the limit), a Kafka Streams KStream–KStream join,
 and this project's join worker (``faust -A streamapp.app worker`` with ``STREAMAPP_STAGES=join``).
+On request a fourth, the same worker over SASL_SSL (SCRAM-SHA-512) on a second local broker that
+takes only that, started beside the first for the whole run.
 
 Each system gets fresh topics per phase and runs as its own process, so its CPU and RSS come from
 /proc the same way. Phases:
@@ -42,6 +44,7 @@ from streamapp.tools.harness import delete_topics, follow, own_broker
 from streamapp.tools.localkafka.common import KAFKA_VERSION
 from streamapp.tools.localkafka.jars import check_java
 from streamapp.tools.localkafka.processes import free_port
+from streamapp.tools.localkafka.security import ADMIN, BrokerSecurity
 from streamapp.tools.workers import Process, Worker, wait_until
 from streamapp.topics import ensure_topics, topic_names
 from streamapp.wire import new_epoch
@@ -55,6 +58,8 @@ WARMUP_FRACTION = 0.1
 
 
 SYSTEMS = ("copy", "kstreams", "streamapp")
+# The worker over TLS and SASL: not run unless asked for (`--systems ... streamapp-tls`).
+TLS_SYSTEM = "streamapp-tls"
 DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0, 2250.0, 2700.0, 3150.0, 3600.0,
                  4050.0)
 
@@ -141,6 +146,7 @@ class System:
     label: str
     joins = True
     pending_measure: str | None = None
+    secured = False  # connects to the SASL_SSL broker
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -189,9 +195,10 @@ class PlainCopy(System):
         return Topics(prefix, f"{prefix}frames", f"{prefix}detections", f"{prefix}copy")
 
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
-        argv = [sys.executable, "-m", "streamapp.tools.bench.copy", self.settings.bootstrap_servers,
-                f"{topics.prefix}copy", topics.output, topics.frames, topics.results]
-        return Running(Process("plain copy", argv, logs / "copy.log", copy.READY_MARKER))
+        argv = [sys.executable, "-m", "streamapp.tools.bench.copy", f"{topics.prefix}copy", topics.output,
+                topics.frames, topics.results]
+        return Running(Process("plain copy", argv, logs / "copy.log", copy.READY_MARKER,
+                               env={**os.environ, **self.settings.to_env()}))
 
     def tally(self, outputs: Outputs, record, now: float) -> None:
         if wire.peek_kind(record.value) == wire.Kind.FRAME:
@@ -215,7 +222,8 @@ class KafkaStreamsJoin(System):
         argv = kstreams.command(self.build, bootstrap=self.settings.bootstrap_servers,
                                 application_id=f"{topics.prefix}kstreams", frames=topics.frames,
                                 results=topics.results, output=topics.output, state_dir=state,
-                                window_ms=int(self.settings.join_ttl_s * 1000))
+                                window_ms=int(self.settings.join_ttl_s * 1000),
+                                client_properties=kstreams.write_client_properties(self.settings, scratch))
         process = Process("Kafka Streams join", argv, logs / "kstreams.log", kstreams.READY_MARKER)
         return Running(process, pending=lambda: kstreams.last_rocksdb_bytes(process.log_path))
 
@@ -253,6 +261,12 @@ class StreamappJoin(System):
         outputs.pair_out(frame_id.stream, frame_id.index, matched, now)
 
 
+class StreamappJoinOverTls(StreamappJoin):
+    name = TLS_SYSTEM
+    label = "streamapp join worker over SASL_SSL"
+    secured = True
+
+
 def _stats(worker: Worker) -> dict:
     try:
         return worker.stats()
@@ -261,7 +275,7 @@ def _stats(worker: Worker) -> dict:
 
 
 SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStreamsJoin,
-                                         "streamapp": StreamappJoin}
+                                         "streamapp": StreamappJoin, TLS_SYSTEM: StreamappJoinOverTls}
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,11 +369,16 @@ async def wait_drained(outputs: Outputs, expected: int, quiet_s: float, timeout_
 
 
 class Bench:
-    """One run: the broker's settings, the options, where scratch state and logs go."""
+    """One run: the brokers' settings (``secured``: the SASL_SSL one's), the options, where scratch
+    state and logs go."""
 
-    def __init__(self, options: JoinBenchOptions, settings: Settings, scratch: Path, log_dir: Path) -> None:
+    def __init__(self, options: JoinBenchOptions, settings: Settings, scratch: Path, log_dir: Path,
+                 secured: Settings | None = None, broker_pids: dict[str, int] | None = None) -> None:
         self.options = options
         self.settings = settings
+        self.secured = secured
+        # By bootstrap servers: the broker's CPU in a drain (over TLS it encrypts what it sends).
+        self.broker_pids = broker_pids or {}
         self.scratch = scratch
         self.log_dir = log_dir
         self.run_id = new_epoch()
@@ -378,7 +397,7 @@ class Bench:
         what must be there first) the system's process, stopped on the way out."""
         topics = system.topics(self.prefix(system, phase))
         await system.create_topics(topics)
-        producer = load_producer(self.settings)
+        producer = load_producer(system.settings)
         await producer.start()
         running: list[Running] = []
 
@@ -397,7 +416,7 @@ class Bench:
                 await asyncio.to_thread(process.stop)
             await producer.stop()
             # Each phase writes gigabytes; the next system starts on a broker without them.
-            await delete_topics(self.settings.replace(topic_prefix=topics.prefix))
+            await delete_topics(system.settings.replace(topic_prefix=topics.prefix))
             shutil.rmtree(self.scratch / topics.prefix, ignore_errors=True)
 
     async def backlog(self, system: System) -> dict:
@@ -410,16 +429,21 @@ class Bench:
             await settle()
             began = time.monotonic()
             running = start()
-            async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
+            async with observing(system.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
+                broker_pid = self.broker_pids.get(system.settings.bootstrap_servers)
                 ready_at, cpu_at_ready = time.monotonic(), cpu_seconds_of(running.pid)
+                broker_cpu_at_ready = cpu_seconds_of(broker_pid) if broker_pid else None
                 await wait_drained(outputs, options.pairs, self.quiet_s, options.drain_timeout_s)
                 cpu_s = cpu_seconds_of(running.pid) - cpu_at_ready
+                broker_cpu_s = (cpu_seconds_of(broker_pid) - broker_cpu_at_ready
+                                if broker_pid and broker_cpu_at_ready is not None else None)
                 counters = await asyncio.to_thread(running.counters)
                 await asyncio.sleep(SAMPLE_INTERVAL_S)  # one more sample of the settled state
         return join_report.backlog_summary({
             "pairs": options.pairs, "published_s": round(published_s, 2), "startup_s": ready_at - began,
-            "drain_s": (outputs.last_at or ready_at) - ready_at, "cpu_s": cpu_s, "pairs_out": outputs.pairs,
+            "drain_s": (outputs.last_at or ready_at) - ready_at, "cpu_s": cpu_s, "broker_cpu_s": broker_cpu_s,
+            "pairs_out": outputs.pairs,
             "joined": sum(outputs.outcomes.values()), "frames_out_twice": outputs.frames_out_twice,
             "counters": counters, "samples": sampler.samples},
             system.joins)
@@ -429,7 +453,7 @@ class Bench:
         async with self.started(system, "live") as (topics, load, start):
             await settle()
             running = start()
-            async with observing(self.settings, system, topics, running, load) as (outputs, sampler):
+            async with observing(system.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
                 await self.warm_up(load, outputs)
                 for rate in self.rates_to_try(steps):
@@ -492,7 +516,9 @@ class Bench:
         system_type = SYSTEM_TYPES[name]
         result: dict = {"label": system_type.label, "pending_measure": system_type.pending_measure}
         try:
-            system = system_type(self.settings)
+            settings = self.secured if system_type.secured else self.settings
+            assert settings is not None, "a secured system without the SASL_SSL broker"
+            system = system_type(settings)
             result["backlog"] = await self.backlog(system)
             result["live"] = await self.live(system)
         except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' numbers
@@ -511,16 +537,24 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
     log_dir.mkdir(parents=True, exist_ok=True)
     machine_at_start = join_report.describe_machine()
     systems: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-join-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-join-") as scratch, contextlib.ExitStack() as brokers:
         broker = own_broker(Path(scratch) / "broker", notify=notify)
-        try:
-            settings = Settings.from_env().replace(broker=f"kafka://{broker.bootstrap}", join_ttl_s=options.ttl_s)
-            bench = Bench(options, settings, Path(scratch), log_dir)
-            for name in options.systems:
-                notify(f"bench join: {SYSTEM_TYPES[name].label}")
-                systems[name] = asyncio.run(bench.run_system(name))
-        finally:
-            broker.stop()
+        brokers.callback(broker.stop)
+        settings = Settings.from_env().replace(broker=f"kafka://{broker.bootstrap}", join_ttl_s=options.ttl_s)
+        pids = {broker.bootstrap: broker.status().pid}
+        secured = None
+        if any(SYSTEM_TYPES[name].secured for name in options.systems):
+            security = BrokerSecurity(Path(scratch) / "broker-tls" / "security")
+            secure_broker = own_broker(Path(scratch) / "broker-tls", notify=notify, security=security)
+            brokers.callback(secure_broker.stop)
+            secured = settings.replace(broker=f"kafka://{secure_broker.bootstrap}", security=Settings.from_env(
+                security.client_env(secure_broker.bootstrap, ADMIN)).security)
+            pids[secure_broker.bootstrap] = secure_broker.status().pid
+        bench = Bench(options, settings, Path(scratch), log_dir, secured,
+                      {bootstrap: pid for bootstrap, pid in pids.items() if pid is not None})
+        for name in options.systems:
+            notify(f"bench join: {SYSTEM_TYPES[name].label}")
+            systems[name] = asyncio.run(bench.run_system(name))
     report = join_report.build_report(report_options(options, command, settings, bench), versions(),
                                       systems, machine_at_start)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

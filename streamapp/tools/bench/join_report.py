@@ -28,7 +28,8 @@ MIB = 1024**2
 
 
 def backlog_summary(raw: dict, joins: bool) -> dict:
-    """``raw``: pairs, startup_s, drain_s, cpu_s, pairs_out, joined, counters, samples."""
+    """``raw``: pairs, startup_s, drain_s, cpu_s, broker_cpu_s (None: not measured), pairs_out,
+    joined, counters, samples."""
     pairs, drain_s = raw["pairs"], raw["drain_s"]
     pending = [sample["pending_bytes"] for sample in raw["samples"] if sample["pending_bytes"] is not None]
     return {
@@ -41,6 +42,8 @@ def backlog_summary(raw: dict, joins: bool) -> dict:
         "pairs_per_s": round(raw["pairs_out"] / drain_s, 1) if drain_s > 0 else None,
         "cpu_s": round(raw["cpu_s"], 2),
         "cpu_s_per_1k_pairs": round(1000 * raw["cpu_s"] / raw["pairs_out"], 3) if raw["pairs_out"] else None,
+        "broker_cpu_s_per_1k_pairs": (round(1000 * raw["broker_cpu_s"] / raw["pairs_out"], 3)
+                                      if raw.get("broker_cpu_s") is not None and raw["pairs_out"] else None),
         "joined": raw["joined"] if joins else None,
         "joined_fraction": round(raw["joined"] / pairs, 5) if joins else None,
         "frames_out_twice": raw["frames_out_twice"] if joins else None,
@@ -168,9 +171,17 @@ def ratios(systems: dict[str, dict]) -> dict:
     def ratio(ours: float | None, theirs: float | None) -> float | None:
         return round(ours / theirs, 3) if ours and theirs else None
 
+    def cpu_per_pair(name: str, whose: str = "cpu_s_per_1k_pairs") -> float | None:
+        return (systems.get(name, {}).get("backlog") or {}).get(whose)
+
     return {"backlog_vs_kstreams": ratio(backlog("streamapp"), backlog("kstreams")),
             "backlog_vs_copy": ratio(backlog("streamapp"), backlog("copy")),
-            "live_max_vs_kstreams": ratio(live("streamapp"), live("kstreams"))}
+            "live_max_vs_kstreams": ratio(live("streamapp"), live("kstreams")),
+            # Over SASL_SSL against PLAINTEXT (None unless both ran).
+            "tls_backlog_vs_plaintext": ratio(backlog("streamapp-tls"), backlog("streamapp")),
+            "tls_cpu_per_pair_vs_plaintext": ratio(cpu_per_pair("streamapp-tls"), cpu_per_pair("streamapp")),
+            "tls_broker_cpu_per_pair_vs_plaintext": ratio(cpu_per_pair("streamapp-tls", "broker_cpu_s_per_1k_pairs"),
+                                                          cpu_per_pair("streamapp", "broker_cpu_s_per_1k_pairs"))}
 
 
 def markdown(report: dict) -> str:

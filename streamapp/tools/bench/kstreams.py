@@ -15,6 +15,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from streamapp.kafkasecurity import java_properties
+from streamapp.settings import Settings
 from streamapp.tools.localkafka.common import BrokerError, Notify
 from streamapp.tools.localkafka.jars import check_java, copy_maven_dependencies
 
@@ -76,7 +78,22 @@ def _compile(home: Path, classes: Path) -> None:
 
 
 def command(home: Path, *, bootstrap: str, application_id: str, frames: str, results: str, output: str,
-            state_dir: Path, window_ms: int) -> list[str]:
+            state_dir: Path, window_ms: int, client_properties: Path) -> list[str]:
     classpath = f"{home / 'classes'}:{home / 'libs'}/*"
     return [check_java(), *JVM_OPTIONS, "-cp", classpath, MAIN_CLASS, bootstrap, application_id,
-            frames, results, output, str(state_dir), str(window_ms)]
+            frames, results, output, str(state_dir), str(window_ms), str(client_properties)]
+
+
+def write_client_properties(settings: Settings, folder: Path) -> Path:
+    """The connection's security as a Java properties file, readable by its owner only (it may hold
+    a password), for the join's clients."""
+    path = folder / "client.properties"
+    lines = [f"{key}={_escaped(value)}" for key, value in java_properties(settings.security).items()]
+    path.touch(mode=0o600)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _escaped(value: str) -> str:
+    """A value as java.util.Properties reads it back."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")

@@ -22,6 +22,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamapp import wire
+from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
 
@@ -68,10 +69,10 @@ def _pair(first: wire.Frame | wire.Detections, second: wire.Frame | wire.Detecti
 async def run(settings: Settings, stats_file: Path) -> None:
     names = topic_names(settings)
     consumer = AIOKafkaConsumer(
-        names["frames"], names["detections"], bootstrap_servers=settings.bootstrap_servers,
+        names["frames"], names["detections"], **client_options(settings),
         group_id=f"{settings.topic_prefix}naive", auto_offset_reset="earliest",
         max_partition_fetch_bytes=max_record_bytes(settings))
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
+    producer = AIOKafkaProducer(**client_options(settings),
                                 max_request_size=max_record_bytes(settings), linger_ms=5)
     join = DictJoin()
     stopping = asyncio.Event()

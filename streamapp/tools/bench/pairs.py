@@ -15,6 +15,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from streamapp import wire
 from streamapp.agents.source import SyntheticScene, to_frame
+from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
 from streamapp.tools.publisher import producer_config
 from streamapp.topics import max_record_bytes
@@ -131,7 +132,7 @@ class PairLoad:
 
 async def create_plain_topics(settings: Settings, names: list[str]) -> None:
     """Topics outside the pipeline's own set, with its partition count and record size limit."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     config = {"max.message.bytes": str(max_record_bytes(settings)), "retention.ms": str(3600 * 1000)}
     try:

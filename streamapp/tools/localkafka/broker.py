@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from streamapp.connect import quiet_logger
+from streamapp.tools.localkafka.acls import add_pipeline_acls
 from streamapp.tools.localkafka.common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PORT,
@@ -35,6 +36,7 @@ from streamapp.tools.localkafka.processes import (
     read_properties,
     run_async,
 )
+from streamapp.tools.localkafka.security import ADMIN, BROKER_HOST, BrokerSecurity, write_private
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +48,17 @@ class BrokerStatus:
     port: int
     data_dir: Path
     log_file: Path
+    host: str = "127.0.0.1"
+    protocol: str = "PLAINTEXT"
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def describe(self) -> str:
         if self.running:
-            return (f"running: {self.bootstrap} (pid {self.pid}), data dir {self.data_dir}, "
+            secured = "" if self.protocol == "PLAINTEXT" else f"{self.protocol} "
+            return (f"running: {secured}{self.bootstrap} (pid {self.pid}), data dir {self.data_dir}, "
                     f"log {self.log_file}")
         return f"not running (port {self.port}, data dir {self.data_dir})"
 
@@ -63,6 +68,8 @@ class LocalBroker:
     cluster by default, or node ``node_id`` of the quorum ``voters`` (``id@host:port,...``, the
     controller ports of every node) with ``replication`` copies of every topic.
 
+    ``security``: clients connect over SASL_SSL as its users (see :mod:`.security`), the
+    ACLs of :func:`.acls.pipeline_acls` added at every start when it says ``acls``.
     ``extra_properties`` are written into ``server.properties`` last, so they override anything.
     ``notify`` receives the messages meant for a person (stale pid file removed, fetching jars,
     broker killed); by default they are logged.
@@ -80,6 +87,7 @@ class LocalBroker:
         voters: str | None = None,
         replication: int = 1,
         kafka_home: Path | str | None = None,
+        security: BrokerSecurity | None = None,
         extra_properties: Mapping[str, object] | None = None,
         notify: Notify | None = None,
     ) -> None:
@@ -94,6 +102,7 @@ class LocalBroker:
         self.voters = voters
         self.replication = replication
         self.kafka_home = Path(kafka_home) if kafka_home is not None else None
+        self.security = security
         self.extra_properties = dict(extra_properties or {})
         self.notify = notify or log.info
         self._proc: subprocess.Popen | None = None
@@ -121,7 +130,12 @@ class LocalBroker:
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        # A secured broker's certificate names localhost only.
+        return f"{BROKER_HOST if self.security else '127.0.0.1'}:{self.port}"
+
+    def client_options(self, user: str = ADMIN) -> dict[str, object]:
+        """aiokafka options to connect as ``user`` (none for a PLAINTEXT broker)."""
+        return self.security.client_options(user) if self.security else {}
 
     def __enter__(self) -> LocalBroker:
         return self.start()
@@ -133,14 +147,20 @@ class LocalBroker:
     def status(self) -> BrokerStatus:
         """Whether a broker runs from this data dir; a stale pid file is removed (and reported)."""
         pid = self._running_pid()
-        port = self._recorded_port() or self.port  # the port it runs on, or last ran on
-        return BrokerStatus(pid is not None, pid, port, self.data_dir, self.log_file)
+        protocol, host, port = self._recorded_listener() or ("PLAINTEXT", "127.0.0.1", self.port)
+        return BrokerStatus(pid is not None, pid, port, self.data_dir, self.log_file, host, protocol)
 
     def start(self, timeout: float = 90.0) -> LocalBroker:
         """Start the broker and return once it answers a metadata request on :attr:`bootstrap`."""
         deadline = time.monotonic() + timeout
         self.launch()
         self.wait_ready(deadline, timeout)
+        if self.security and self.security.acls:
+            try:
+                add_pipeline_acls(self.bootstrap, self.security)
+            except BrokerError:
+                self.stop()
+                raise
         return self
 
     def launch(self) -> None:
@@ -148,9 +168,10 @@ class LocalBroker:
         answer before a majority of the quorum runs)."""
         running = self._running_pid()
         if running is not None:
+            recorded = self._recorded_listener()
             raise BrokerError(
                 f"a broker is already running from {self.data_dir} (pid {running}, port "
-                f"{self._recorded_port() or '?'}); stop it first with "
+                f"{recorded[2] if recorded else '?'}); stop it first with "
                 f"`streamapp broker stop --data-dir {self.data_dir}`"
             )
         try:
@@ -158,6 +179,9 @@ class LocalBroker:
         except OSError as exc:
             raise BrokerError(f"cannot create the broker data dir {self.data_dir}: {exc}") from None
         cluster_id = self._check_cluster_id()
+        if self.security:
+            self._check_security_formatted()
+            self.security.ensure()
         if port_in_use(self.port):
             raise PortInUse(
                 f"port {self.port} on 127.0.0.1 is already in use (another Kafka broker?)",
@@ -242,13 +266,23 @@ class LocalBroker:
             return self._proc.poll() is None
         return pid_alive(pid)
 
-    def _recorded_port(self) -> int | None:
+    def _recorded_listener(self) -> tuple[str, str, int] | None:
+        """Protocol, host and port of the client listener it runs (or last ran) with."""
         try:
             listeners = read_properties(self.properties_file).get("advertised.listeners", "")
         except OSError:
             return None
-        match = re.search(r"PLAINTEXT://[^,:]*:(\d+)", listeners)
-        return int(match.group(1)) if match else None
+        match = re.match(r"(\w+)://([^,:]*):(\d+)", listeners)
+        return (match.group(1), match.group(2), int(match.group(3))) if match else None
+
+    def _check_security_formatted(self) -> None:
+        """SCRAM users exist only if created when the log dir was formatted."""
+        assert self.security is not None
+        if (self.log_dirs / "meta.properties").exists() and not self.security.generated():
+            raise BrokerError(
+                f"the data dir {self.data_dir} was formatted without SASL users, so it cannot run "
+                f"with --security sasl_ssl",
+                f"use a new --data-dir, or delete {self.data_dir} to start afresh (its topics are lost)")
 
     def _check_cluster_id(self) -> str | None:
         """The cluster id this data dir belongs to (None: not formatted yet), or BrokerError."""
@@ -325,13 +359,15 @@ class LocalBroker:
             "log.cleaner.enable": "true",
             "log.cleaner.backoff.ms": 5_000,
             "log.cleaner.dedupe.buffer.size": 32 * 1024**2,
+            **(self.security.broker_properties(self.port, controller_port) if self.security else {}),
             **self.extra_properties,
         }
 
     def _write_properties(self, controller_port: int) -> None:
         lines = ["# Written by streamapp.tools.localkafka.broker at every start; edits are overwritten."]
         lines += [f"{key}={value}" for key, value in self.properties(controller_port).items()]
-        self.properties_file.write_text("\n".join(lines) + "\n")
+        # Owner-only: a secured broker's file holds the admin password.
+        write_private(self.properties_file, ("\n".join(lines) + "\n").encode())
 
     def _java_classpath_args(self, libs: Path) -> list[str]:
         log4j = self.data_dir / "log4j2.yaml"
@@ -341,7 +377,8 @@ class LocalBroker:
     def _format(self, java: str, libs: Path, cluster_id: str) -> None:
         proc = subprocess.run(
             [java, *self._java_classpath_args(libs), "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(self.properties_file)],
+             "-t", cluster_id, "-c", str(self.properties_file),
+             *(self.security.scram_arguments() if self.security else [])],
             capture_output=True, text=True, cwd=self.data_dir,
         )
         if proc.returncode != 0:
@@ -365,7 +402,7 @@ class LocalBroker:
             if self._accepts_connections():
                 with quiet_logger("aiokafka"):
                     if run_async(functools.partial(answers_metadata, self.bootstrap, self.node_id,
-                                                   min(5.0, max(remaining, 0.5)))):
+                                                   min(5.0, max(remaining, 0.5)), self.client_options())):
                         return
             time.sleep(0.2)
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from streamapp.tools.localkafka.acls import add_pipeline_acls
 from streamapp.tools.localkafka.broker import BrokerStatus, LocalBroker
 from streamapp.tools.localkafka.common import DEFAULT_PORT, BrokerError, Notify
 from streamapp.tools.localkafka.locations import default_data_dir
 from streamapp.tools.localkafka.processes import ephemeral_ports, new_cluster_id, run_async
+from streamapp.tools.localkafka.security import BrokerSecurity
 
 CLUSTER_NODES = 3
 
@@ -25,7 +29,8 @@ class LocalCluster:
     Node N (1-based) listens for clients on ``port + N - 1`` and for the quorum on
     ``port + nodes + N - 1``, so the ports follow from the first one: 9092-9094 for clients and
     9095-9097 for the controllers by default. Topics get three copies and
-    ``min.insync.replicas`` 2.
+    ``min.insync.replicas`` 2. With ``security`` (kept in ``data_dir/security``) every node has
+    the same CA, certificate and users, and the ACLs are added once the cluster runs.
 
     The ports must lie outside the system's ephemeral range: while a node is down, another
     node's connection attempt to its port can be given that very port as its own local port and
@@ -34,7 +39,8 @@ class LocalCluster:
     """
 
     def __init__(self, data_dir: Path | str, port: int = DEFAULT_PORT, *, nodes: int = CLUSTER_NODES,
-                 notify: Notify | None = None, **broker_options) -> None:
+                 notify: Notify | None = None, security: BrokerSecurity | None = None,
+                 **broker_options) -> None:
         if nodes < 2:
             raise BrokerError(f"a cluster needs at least 2 nodes, got {nodes}")
         ports = range(port, port + 2 * nodes)
@@ -48,12 +54,13 @@ class LocalCluster:
                 f"taken; choose a --port below {ephemeral.start - 2 * nodes + 1} (default {DEFAULT_PORT})")
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.port = port
+        self.security = security
         controller_ports = [port + nodes + number for number in range(nodes)]
         voters = ",".join(f"{number + 1}@127.0.0.1:{controller}" for number, controller in enumerate(controller_ports))
         self.nodes = [
             LocalBroker(self.data_dir / f"node-{number + 1}", port + number, controller_port=controller,
                         node_id=number + 1, voters=voters, replication=min(3, nodes), notify=notify,
-                        **broker_options)
+                        security=security, **broker_options)
             for number, controller in enumerate(controller_ports)
         ]
 
@@ -94,6 +101,8 @@ class LocalCluster:
                 launched.append(node)
             for node in launched:
                 node.wait_ready(deadline, timeout)
+            if self.security and self.security.acls:
+                add_pipeline_acls(self.bootstrap, self.security)
         except BrokerError:
             for node in launched:
                 node.stop()
@@ -123,15 +132,17 @@ class LocalCluster:
 
     def under_replicated_partitions(self, timeout_s: float = 10.0) -> int:
         """:func:`count_under_replicated` on this cluster (0: every copy caught up)."""
-        return run_async(lambda: count_under_replicated(self.bootstrap, timeout_s))
+        return run_async(lambda: count_under_replicated(self.bootstrap, timeout_s, self.nodes[0].client_options()))
 
 
-async def count_under_replicated(bootstrap: str, timeout_s: float = 10.0) -> int:
+async def count_under_replicated(bootstrap: str, timeout_s: float = 10.0,
+                                 client_options: Mapping[str, Any] | None = None) -> int:
     """Partitions of every topic on the cluster at ``bootstrap`` with fewer in-sync copies than
     replicas; -1 when the cluster cannot be asked."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+                                **(client_options or {}))
     try:
         await admin.start()
         described = await admin.describe_topics(await admin.list_topics())

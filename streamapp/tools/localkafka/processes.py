@@ -10,7 +10,9 @@ import re
 import socket
 import subprocess
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from streamapp.tools.localkafka.common import BrokerError
 
@@ -125,10 +127,12 @@ def run_async(factory):
         return pool.submit(lambda: asyncio.run(factory())).result()
 
 
-async def answers_metadata(bootstrap: str, node_id: int, timeout_s: float) -> bool:
+async def answers_metadata(bootstrap: str, node_id: int, timeout_s: float,
+                           client_options: Mapping[str, Any] | None = None) -> bool:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+                                **(client_options or {}))
     try:
         await admin.start()
         cluster = await admin.describe_cluster()

@@ -14,6 +14,7 @@ from aiokafka.partitioner import murmur2
 
 from streamapp import wire
 from streamapp.connect import start_client
+from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
 from streamapp.tools.replay.format import Record, RecordingError, RecordingWriter
 from streamapp.topics import max_record_bytes
@@ -34,10 +35,10 @@ class RecordLimits:
 async def record_topics(settings: Settings, topics: list[str], path: str | Path,
                         limits: RecordLimits = RecordLimits()) -> int:
     """Record every partition of ``topics`` from the beginning into ``path``; returns the count."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False,
                                 max_partition_fetch_bytes=max_record_bytes(settings),
                                 fetch_max_bytes=max(max_record_bytes(settings), 50 * 1024**2))
-    await start_client(consumer, settings.bootstrap_servers)
+    await start_client(consumer, settings)
     try:
         counts = {}
         for topic in topics:

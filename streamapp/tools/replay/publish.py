@@ -50,7 +50,7 @@ async def publish(records: Iterable[Record], settings: Settings, target: ReplayT
     replay, not from when they were recorded.
     """
     producer = AIOKafkaProducer(**producer_config(settings))
-    await start_client(producer, settings.bootstrap_servers)
+    await start_client(producer, settings)
     try:
         counts = _PartitionCounts(producer, target)
         pace = _Pace(speed)

@@ -1,5 +1,9 @@
 package streamapp.bench;
 
+import java.io.IOException;
+import java.io.Reader;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
@@ -30,12 +34,13 @@ import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
  * client's RocksDB metrics. Exits 1 if the client fails.
  *
  * Arguments: bootstrap application-id frames-topic results-topic output-topic state-dir window-ms
+ * client-properties (a file of the connection's security settings: security.protocol, ssl.*, sasl.*)
  */
 public final class KStreamsJoin {
 
-    public static void main(String[] args) throws InterruptedException {
-        if (args.length != 7) {
-            System.err.println("usage: KStreamsJoin BOOTSTRAP APP_ID FRAMES RESULTS OUTPUT STATE_DIR WINDOW_MS");
+    public static void main(String[] args) throws InterruptedException, IOException {
+        if (args.length != 8) {
+            System.err.println("usage: KStreamsJoin BOOTSTRAP APP_ID FRAMES RESULTS OUTPUT STATE_DIR WINDOW_MS CLIENT_PROPERTIES");
             System.exit(2);
         }
         Serde<byte[]> bytes = Serdes.ByteArray();
@@ -46,7 +51,7 @@ public final class KStreamsJoin {
         frames.join(results, KStreamsJoin::concatenate, window, StreamJoined.with(bytes, bytes, bytes).withStoreName("frames-results"))
               .to(args[4], Produced.with(bytes, bytes));
 
-        KafkaStreams streams = new KafkaStreams(builder.build(), config(args[0], args[1], args[5]));
+        KafkaStreams streams = new KafkaStreams(builder.build(), config(args[0], args[1], args[5], args[7]));
         CountDownLatch stopped = new CountDownLatch(1);
         boolean[] failed = {false};
         streams.setStateListener((now, before) -> {
@@ -75,8 +80,12 @@ public final class KStreamsJoin {
     }
 
     /** What a user would set: one thread, state in the bench's directory, batched output. */
-    static Properties config(String bootstrap, String applicationId, String stateDir) {
+    static Properties config(String bootstrap, String applicationId, String stateDir, String clientProperties)
+            throws IOException {
         Properties props = new Properties();
+        try (Reader reader = Files.newBufferedReader(Path.of(clientProperties))) {
+            props.load(reader);
+        }
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);

@@ -1,0 +1,238 @@
+"""The connection security block (STREAMAPP_SECURITY_PROTOCOL and the rest): validated at start in
+one line, secrets never shown, the same options for aiokafka, Faust and Java; the OAUTHBEARER
+token provider against a real HTTP token endpoint started here."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import ssl
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+from streamapp import kafkasecurity
+from streamapp.connect import (
+    AuthenticationFailed,
+    CertificateUntrusted,
+    HandshakeFailed,
+    HostnameMismatch,
+    MechanismRefused,
+    connection_error,
+)
+from streamapp.errors import ExitCode
+from streamapp.kafkasecurity import ClientCredentialsTokens, TokenEndpointError
+from streamapp.settings import Secret, Settings, SettingsError
+
+SCRAM = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": "SCRAM-SHA-512",
+         "STREAMAPP_SASL_USERNAME": "pipeline", "STREAMAPP_SASL_PASSWORD": "hunter2-secret"}
+OAUTH = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": "OAUTHBEARER",
+         "STREAMAPP_OAUTH_TOKEN_URL": "https://login.example/token", "STREAMAPP_OAUTH_CLIENT_ID": "streamapp",
+         "STREAMAPP_OAUTH_CLIENT_SECRET": "hunter2-secret"}
+
+
+@pytest.mark.parametrize("env, phrase", [
+    ({"STREAMAPP_SECURITY_PROTOCOL": "TLS"}, "choose one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+    ({"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL"}, "SASL_SSL needs STREAMAPP_SASL_MECHANISM: one of PLAIN, "
+                                                  "SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER"),
+    ({**SCRAM, "STREAMAPP_SASL_MECHANISM": "GSSAPI"}, "STREAMAPP_SASL_MECHANISM='GSSAPI': choose one of PLAIN"),
+    ({**SCRAM, "STREAMAPP_SASL_PASSWORD": ""}, "SCRAM-SHA-512 needs STREAMAPP_SASL_PASSWORD"),
+    ({**OAUTH, "STREAMAPP_OAUTH_CLIENT_SECRET": ""}, "OAUTHBEARER needs STREAMAPP_OAUTH_CLIENT_SECRET"),
+    ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "file:///etc/passwd"}, "is not an http(s) URL"),
+    ({**SCRAM, "STREAMAPP_OAUTH_CLIENT_ID": "x"}, "STREAMAPP_OAUTH_CLIENT_ID set, but STREAMAPP_SASL_MECHANISM="),
+    ({"STREAMAPP_SASL_MECHANISM": "PLAIN"}, "STREAMAPP_SECURITY_PROTOCOL=PLAINTEXT does not use SASL"),
+    ({"STREAMAPP_SSL_CA_FILE": "/etc/hostname"}, "STREAMAPP_SECURITY_PROTOCOL=PLAINTEXT does not use TLS"),
+    ({"STREAMAPP_SECURITY_PROTOCOL": "SSL", "STREAMAPP_SSL_CA_FILE": "/nonexistent/ca.pem"},
+     "STREAMAPP_SSL_CA_FILE='/nonexistent/ca.pem' cannot be read: No such file"),
+    ({"STREAMAPP_SECURITY_PROTOCOL": "SSL", "STREAMAPP_SSL_CERT_FILE": "/etc/hostname"},
+     "STREAMAPP_SSL_CERT_FILE and STREAMAPP_SSL_KEY_FILE go together"),
+    ({"STREAMAPP_SECURITY_PROTOCOL": "SSL", "STREAMAPP_SSL_CHECK_HOSTNAME": "maybe"},
+     "STREAMAPP_SSL_CHECK_HOSTNAME='maybe'"),
+    ({**SCRAM, "STREAMAPP_SASL_PASSWORD_FILE": "/etc/hostname"}, "STREAMAPP_SASL_PASSWORD and "
+                                                                 "STREAMAPP_SASL_PASSWORD_FILE are both set"),
+    ({**SCRAM, "STREAMAPP_SASL_PASSWORD": "", "STREAMAPP_SASL_PASSWORD_FILE": "/nonexistent"},
+     "STREAMAPP_SASL_PASSWORD_FILE='/nonexistent' cannot be read"),
+])
+def test_a_bad_security_setting_is_one_line_naming_it_and_exits_2(env, phrase):
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env(env)
+    assert phrase in str(refused.value) and "\n" not in str(refused.value)
+    assert refused.value.exit_code == ExitCode.USAGE
+
+
+def test_a_file_that_holds_no_pem_certificate_is_refused_when_the_options_are_built(tmp_path):
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    settings = Settings.from_env({"STREAMAPP_SECURITY_PROTOCOL": "SSL", "STREAMAPP_SSL_CA_FILE": str(not_pem)})
+    with pytest.raises(SettingsError, match="holds no CA certificate in PEM"):
+        kafkasecurity.client_options(settings)
+
+
+def test_secrets_come_from_files_and_never_show_in_repr_or_str(tmp_path):
+    password_file = tmp_path / "password"
+    password_file.write_text("from-a-file-secret\n")
+    env = {**SCRAM, "STREAMAPP_SASL_PASSWORD": "", "STREAMAPP_SASL_PASSWORD_FILE": str(password_file)}
+    settings = Settings.from_env(env)
+    assert settings.security.password == Secret("from-a-file-secret", password_file)
+    for shown in (repr(settings), str(settings), repr(settings.security), f"{settings.security.password}"):
+        assert "from-a-file-secret" not in shown
+    # Another process is handed the file, not the secret; and reads the same settings back.
+    handed_on = settings.to_env()
+    assert handed_on["STREAMAPP_SASL_PASSWORD_FILE"] == str(password_file)
+    assert "from-a-file-secret" not in json.dumps(handed_on)
+    assert Settings.from_env(handed_on) == settings
+    inline = Settings.from_env(SCRAM)
+    assert Settings.from_env(inline.to_env()) == inline and "hunter2-secret" not in repr(inline)
+
+
+def test_aiokafka_options_carry_the_mechanism_user_and_a_tls_context_checking_the_hostname():
+    options = kafkasecurity.client_options(Settings.from_env({**SCRAM, "STREAMAPP_BROKER": "kafka://k:9093"}))
+    context = options.pop("ssl_context")
+    assert options == {"bootstrap_servers": "k:9093", "security_protocol": "SASL_SSL",
+                       "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "pipeline",
+                       "sasl_plain_password": "hunter2-secret"}
+    assert context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
+    unchecked = Settings.from_env({"STREAMAPP_SECURITY_PROTOCOL": "SSL", "STREAMAPP_SSL_CHECK_HOSTNAME": "false"})
+    assert not kafkasecurity.client_options(unchecked)["ssl_context"].check_hostname
+    assert kafkasecurity.client_options(Settings())["security_protocol"] == "PLAINTEXT"
+
+
+@pytest.mark.parametrize("env", [{}, {"STREAMAPP_SECURITY_PROTOCOL": "SSL"}, SCRAM,
+                                 {**SCRAM, "STREAMAPP_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, OAUTH])
+def test_fausts_credentials_give_its_clients_the_same_options_as_ours(env):
+    security = Settings.from_env(env).security
+    faust_options = credentials_to_aiokafka_auth(kafkasecurity.broker_credentials(security))
+    # ssl_context=None is aiokafka's default.
+    assert {key: value for key, value in faust_options.items() if value is not None} == \
+        kafkasecurity.security_options(security)
+
+
+def test_java_properties_carry_the_same_security():
+    properties = kafkasecurity.java_properties(Settings.from_env({**SCRAM, "STREAMAPP_SSL_CA_FILE": "/etc/hostname"})
+                                               .security)
+    assert properties["security.protocol"] == "SASL_SSL" and properties["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert properties["ssl.truststore.location"] == "/etc/hostname"
+    assert properties["sasl.jaas.config"] == ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                              'username="pipeline" password="hunter2-secret";')
+
+
+def verification_error(code: int, message: str) -> ssl.SSLCertVerificationError:
+    error = ssl.SSLCertVerificationError(1, f"[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: {message}")
+    error.verify_code, error.verify_message = code, message
+    return error
+
+
+@pytest.mark.parametrize("error, kind, phrases", [
+    (verification_error(62, "Hostname mismatch, certificate is not valid for '127.0.0.1'."), HostnameMismatch,
+     ["does not name '127.0.0.1'", "STREAMAPP_SSL_CHECK_HOSTNAME"]),
+    (verification_error(20, "unable to get local issuer certificate"), CertificateUntrusted,
+     ["not trusted (unable to get local issuer certificate)", "STREAMAPP_SSL_CA_FILE"]),
+    (ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), HandshakeFailed,
+     ["TLS with broker 127.0.0.1:9093 failed", "STREAMAPP_SECURITY_PROTOCOL"]),
+])
+def test_a_connections_failure_is_named_with_the_setting_to_check(error, kind, phrases):
+    named = connection_error(Settings.from_env(SCRAM), "127.0.0.1:9093", error)
+    assert isinstance(named, kind)
+    for phrase in phrases:
+        assert phrase in str(named)
+    assert connection_error(Settings(), "127.0.0.1:9093", ConnectionRefusedError(111, "refused")) is None
+
+
+def test_sasl_failures_name_broker_mechanism_and_user_but_not_the_password():
+    from aiokafka.errors import SaslAuthenticationFailed, UnsupportedSaslMechanismError
+    settings = Settings.from_env(SCRAM)
+    refused = connection_error(settings, "k:9093", SaslAuthenticationFailed("invalid credentials"))
+    assert isinstance(refused, AuthenticationFailed) and refused.exit_code == ExitCode.AUTH_FAILED
+    assert "k:9093 refused SASL SCRAM-SHA-512 authentication of user 'pipeline'" in str(refused)
+    assert "hunter2" not in str(refused)
+    unsupported = connection_error(settings, "k:9093", UnsupportedSaslMechanismError(
+        "Kafka broker does not support SCRAM-SHA-512 sasl mechanism. Enabled mechanisms are: ['PLAIN']"))
+    assert isinstance(unsupported, MechanismRefused) and "(it offers ['PLAIN'])" in str(unsupported)
+
+
+class TokenEndpoint:
+    """A real OAuth 2 token endpoint on a free local port: client ``streamapp`` with secret
+    ``s3cret``; each token is ``token-<n>``, valid ``lifetime_s``."""
+
+    def __init__(self, lifetime_s: float = 3600) -> None:
+        self.lifetime_s = lifetime_s
+        self.requests: list[dict] = []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+                auth = base64.b64decode(self.headers.get("Authorization", "Basic ").split()[-1]).decode()
+                endpoint.requests.append({**form, "auth": auth})
+                if auth != "streamapp:s3cret" or form.get("grant_type") != "client_credentials":
+                    self.send_response(401, "Unauthorized")
+                    self.end_headers()
+                    return
+                body = json.dumps({"access_token": f"token-{len(endpoint.requests)}", "token_type": "bearer",
+                                   "expires_in": endpoint.lifetime_s}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/oauth2/token"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def token_endpoint():
+    endpoint = TokenEndpoint()
+    yield endpoint
+    endpoint.close()
+
+
+def test_the_token_provider_fetches_once_by_client_credentials_and_reuses_the_token(token_endpoint):
+    tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("s3cret"), "kafka.write")
+
+    async def three_connections():
+        return await asyncio.gather(tokens.token(), tokens.token(), tokens.token())
+
+    assert asyncio.run(three_connections()) == ["token-1"] * 3
+    assert token_endpoint.requests == [{"grant_type": "client_credentials", "scope": "kafka.write",
+                                        "auth": "streamapp:s3cret"}]
+
+
+def test_the_token_provider_refreshes_at_80_percent_of_the_lifetime(token_endpoint):
+    token_endpoint.lifetime_s = 1.0
+    tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("s3cret"))
+    assert asyncio.run(tokens.token()) == "token-1"
+    time.sleep(0.5)
+    assert asyncio.run(tokens.token()) == "token-1"  # at half its life: still the same
+    time.sleep(0.4)
+    assert asyncio.run(tokens.token()) == "token-2"  # past 80 %: a new one, before the old expires
+    assert tokens.fetches == 2
+
+
+def test_a_refused_client_is_one_line_naming_the_endpoint_and_client_not_the_secret(token_endpoint):
+    tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("wrong-secret"))
+    with pytest.raises(TokenEndpointError) as refused:
+        asyncio.run(tokens.token())
+    message = str(refused.value)
+    assert f"the OAuth token endpoint {token_endpoint.url} gave client 'streamapp' no token: HTTP 401" in message
+    assert "wrong-secret" not in message and refused.value.exit_code == ExitCode.AUTH_FAILED
+
+
+def test_oauthbearer_settings_give_every_client_one_shared_token_provider():
+    first = kafkasecurity.client_options(Settings.from_env(OAUTH))["sasl_oauth_token_provider"]
+    second = kafkasecurity.client_options(Settings.from_env(OAUTH))["sasl_oauth_token_provider"]
+    assert isinstance(first, ClientCredentialsTokens) and first is second
+
