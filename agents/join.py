@@ -415,6 +415,7 @@ def register(stage: Stage) -> None:
     stage.metrics.add_gauges(in_step.as_metrics)
     stage.metrics.add_gauges(hold_back.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
+    stage.not_ready.append(lambda: window.store.changelog_health.failing)
     both_sides = app.topic(frames_topic, results_topic, key_serializer="raw", value_serializer="raw")
 
     def decode(event) -> Frame | Detections:

@@ -79,6 +79,12 @@ HELP: dict[str, str] = {
     "join_held_bytes": "Bytes of join input records held back for their partner, to be decided in one batch with it.",
     "join_held_let_go_over_bound_total":
         "Records let go without their partner because the held records reached their byte bound.",
+    "join_changelog_records_skipped_total":
+        "Join changelog records recovery skipped: malformed, or of an entry format this version does not read.",
+    "join_changelog_records_upgraded_total":
+        "Join changelog records in the entry format before its version byte, read as the current one.",
+    "join_recovery_failures_total": "Times a batch of join changelog records could not be written to the store.",
+    "join_recovery_failing": "1 while the join's changelog recovery cannot write to its store (the worker is not ready).",
     "join_input_pauses_total": "Times a join input partition was paused for being ahead of its partner.",
     "rocksdb_disk_bytes": "Bytes of the join window's RocksDB files on disk.",
     "rocksdb_memory_bytes": "Bytes of RocksDB's shared block cache and memtables.",

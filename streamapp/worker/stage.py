@@ -54,6 +54,12 @@ class Stage:
     pixels: ThreadPoolExecutor = dataclasses.field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="pixels"))
     outputs_in_flight: OutputsInFlight = dataclasses.field(default_factory=OutputsInFlight)
+    # Why the worker is not ready, one check per cause, each None while all is well (the join's
+    # changelog recovery failing): the readiness route answers "not ready" with the first reason.
+    not_ready: list[Callable[[], str | None]] = dataclasses.field(default_factory=list)
+
+    def not_ready_reason(self) -> str | None:
+        return next((reason for check in self.not_ready if (reason := check()) is not None), None)
 
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
