@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import cv2
-
 from streamapp import wire
 from streamapp.imaging import UNUSABLE_PIXELS, decode_frame, encode_jpeg
+from streamapp.opencv import cv2
 from streamapp.wire import Frame
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ def resize_frame(frame: Frame, width: int, height: int, quality: int = 90) -> Fr
 def register(stage: Stage) -> None:
     """Faust agent: ``frames`` -> ``frames.scaled``; undecodable frames are dead-lettered."""
     settings, topics = stage.settings, stage.topics
-    stage.metrics.declare("resize_frames_in_total", "resize_frames_out_total")
+    stage.metrics.declare("resize_frames_in_total", "resize_frames_out_total", "resize_over_pixel_budget_total")
 
     @stage.app.agent(topics.frames, name="resize")
     async def resize(stream):
@@ -51,7 +50,7 @@ def register(stage: Stage) -> None:
                 scaled = await stage.offload(resize_frame, frame, settings.resize_width,
                                              settings.resize_height, settings.jpeg_quality)
             except (wire.WireError, *UNUSABLE_PIXELS) as exc:
-                await stage.dead_letters.send(event, stage="resize", reason=str(exc))
+                await stage.dead_letters.refuse(event, stage="resize", error=exc)
                 continue
             if await stage.dead_letters.emit(event, stage="resize", topic=topics.scaled,
                                              key=frame.id.bucket_key(settings.bucket_size),
