@@ -23,7 +23,7 @@ from streamapp.errors import StreamappError, one_line
 from streamapp.settings import Settings
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
-from streamapp.worker import consumer
+from streamapp.worker import consumer, webport
 from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import (
@@ -139,6 +139,9 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         store=STORE_URL,
         datadir=str(settings.data_dir),
         web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        web_application_options={"middlewares": [webport.guard(settings.web_token)]},
+        **webport.FAUST_WEB_OFF,
         key_serializer="raw",
         value_serializer="raw",
         topic_partitions=settings.partitions,
