@@ -17,9 +17,10 @@ Every write path keeps the families in step in one atomic write batch: agent wri
 ``_del``), changelog recovery and standby replay (``apply_changelog_batch``), and the join's own
 batches and sweeps (``write``). Recovery reads records this worker did not write: one it cannot
 read (malformed, or of an unknown format version) is counted, logged once per partition and
-skipped, so it never stops the join (:class:`ChangelogHealth`). Because the times live in the entry, an index restored from the
-changelog alone, or opened after a rebalance, is complete: nothing is kept in memory that a
-restart could lose (R4).
+skipped, so it never stops the join (:class:`ChangelogHealth`).
+
+Because the times live in the entry, an index restored from the changelog alone, or opened after
+a rebalance, is complete: nothing is kept in memory that a restart could lose (R4).
 """
 
 from __future__ import annotations

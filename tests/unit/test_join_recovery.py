@@ -7,8 +7,8 @@ import shutil
 
 import faust
 import pytest
-import rocksdict
 from faust.types import TP
+from rocksdict import DbClosedError
 
 from streamapp import wire
 from streamapp.tables import store as store_module
@@ -105,7 +105,7 @@ def test_records_written_before_the_version_byte_are_read_as_the_current_format(
 def test_a_batch_the_store_cannot_write_is_a_failure_until_one_succeeds(window, caplog):
     store = window.store
     store.partition(0).close()  # a database that can no longer be written, as after a fatal RocksDB error
-    with caplog.at_level(logging.ERROR, logger=store_module.__name__), pytest.raises(Exception):
+    with caplog.at_level(logging.ERROR, logger=store_module.__name__), pytest.raises(DbClosedError):
         store.apply_changelog_batch([Event(0, 0, b"cam:1:0", frame_entry())], None, None)
     health = store.changelog_health
     assert health.failures == 1 and health.as_metrics()["join_recovery_failing"] == 1
