@@ -327,14 +327,14 @@ class ChangelogHealth:
     failing: str | None = None
     _logged: set[TP] = dataclasses.field(default_factory=set)
 
-    def readable(self, message) -> bytes | None:
-        """The value to store for a changelog record (None: a deletion); raises EntryError for
-        one to skip."""
-        if message.key is None:  # never from our writer: a compacted topic refuses records without a key
+    def readable(self, message) -> tuple[bytes, bytes | None]:
+        """The key and value to store for a changelog record (value None: a deletion); raises
+        EntryError for one to skip."""
+        key, value = message.key, message.value
+        if key is None:  # never from our writer: a compacted topic refuses records without a key
             raise EntryError("a changelog record without a key")
-        value = message.value
         if value is None:
-            return None
+            return key, None
         try:
             check(value)
         except EntryError:
@@ -343,8 +343,8 @@ class ChangelogHealth:
                 raise
             check(upgraded)  # raises the error of the record as this layout reads it
             self.upgraded += 1
-            return upgraded
-        return value
+            return key, upgraded
+        return key, value
 
     def skip(self, message, error: EntryError) -> None:
         self.skipped += 1
@@ -458,11 +458,11 @@ class JoinStore(faust_rocksdb.Store):
             message = event.message
             offsets[message.tp] = max(message.offset, offsets.get(message.tp, -1))
             try:
-                value = health.readable(message)
+                change = health.readable(message)
             except EntryError as exc:
                 health.skip(message, exc)
                 continue
-            by_partition.setdefault(message.partition, []).append((message.key, value))
+            by_partition.setdefault(message.partition, []).append(change)
         try:
             for number, changes in by_partition.items():
                 self.partition(number).write_many(changes)
