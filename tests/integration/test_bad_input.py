@@ -1,8 +1,10 @@
-"""Bad input on every topic never stops a worker (R11, R13): each bad record becomes exactly one
-dead letter per stage that reads it, with the original bytes, the reason, the stage and the source
-topic/partition/offset; a counter per stage; good frames around the bad ones still come out.
+"""Bad input on every topic never stops a worker (R11, R13, R20): each bad record becomes exactly
+one dead letter per stage that reads it, with the original bytes, the reason, the stage and the
+source topic/partition/offset; a counter per stage; good frames around the bad ones still come out.
 
-One worker process runs all four stages on the real broker.
+One worker process runs all four stages on the real broker; then decompression bombs (whole
+JPEGs of 4 MiB that decode to 768 MiB) go to a resize, an infer and a sink worker, each in a
+1 GiB budget, which must refuse them unread and stay within it.
 """
 
 import asyncio
@@ -11,6 +13,7 @@ import math
 import struct
 import time
 
+import jpegcraft
 import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -25,7 +28,7 @@ from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
-from streamapp.wire import FrameId
+from streamapp.wire import Frame, FrameId, Joined
 
 pytestmark = pytest.mark.kafka
 
@@ -189,3 +192,88 @@ def test_every_bad_record_costs_one_dead_letter_per_stage_and_work_goes_on(setti
             assert stats[f"{stage}_dead_lettered_total"] == sum(source[0] == stage for source in sources)
     finally:
         worker.stop()
+
+
+# --- decompression bombs --------------------------------------------------------------------------
+
+BOMBS = 3
+BOMB_SIDE = 16384
+MEMORY_BUDGET = 1024**3
+
+
+def _bomb(index: int) -> Frame:
+    return Frame(FrameId("bomb", 1, index), NOW_MS, BOMB_SIDE, BOMB_SIDE, jpegcraft.flat_grey(BOMB_SIDE, BOMB_SIDE))
+
+
+async def _send_bombs_among_good_frames(settings: Settings) -> dict[str, list[tuple[int, int]]]:
+    """Per input role, good records with a bomb after every second one; returns each bomb's
+    (partition, offset)."""
+    names = topic_names(settings)
+    good = [frame for frame, _ in synthetic_frames("good", 7, 2 * BOMBS, 320, 240, seed=5, now_ms=NOW_MS)]
+    encoders = {"frames": wire.encode_frame, "scaled": wire.encode_frame,
+                "joined": lambda frame: wire.encode_joined(Joined(frame, None))}
+    bombs: dict[str, list[tuple[int, int]]] = {role: [] for role in encoders}
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
+                                max_request_size=max_record_bytes(settings))
+    await producer.start()
+    try:
+        for role, encode in encoders.items():
+            for index, frame in enumerate(good):
+                await producer.send_and_wait(names[role], encode(frame), key=frame.id.bucket_key(settings.bucket_size))
+                if index % 2:
+                    bomb = _bomb(index)
+                    sent = await producer.send_and_wait(names[role], encode(bomb),
+                                                        key=bomb.id.bucket_key(settings.bucket_size))
+                    bombs[role].append((sent.partition, sent.offset))
+    finally:
+        await producer.stop()
+    return bombs
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident memory in bytes (the kernel's VmHWM)."""
+    status = open(f"/proc/{pid}/status").read()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024
+
+
+def test_bombs_are_refused_unread_and_each_decoding_worker_stays_in_budget(
+        kafka_bootstrap, tmp_path, unique_topic):
+    settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"{unique_topic}.", partitions=1,
+                        max_frame_bytes=8 * 1024**2, memory_budget_bytes=MEMORY_BUDGET,
+                        data_dir=tmp_path / "data", out_dir=tmp_path / "out")
+    asyncio.run(ensure_topics(settings))
+    workers = {stage: Worker(stage, settings.replace(stages=(stage,), web_port=free_port(),
+                                                     data_dir=tmp_path / stage), tmp_path)
+               for stage in ("resize", "infer", "sink")}
+    try:
+        for worker in workers.values():
+            assert asyncio.run(wait_for(worker.ready, 120)) is not None, worker.log_path.read_text()[-3000:]
+        bombs = asyncio.run(_send_bombs_among_good_frames(settings))
+        good = 2 * BOMBS
+
+        def done() -> bool:
+            stats = {stage: worker.stats() for stage, worker in workers.items()}
+            return (stats["resize"]["resize_frames_out_total"] == good
+                    and stats["infer"]["infer_results_total"] == 2 * good  # sent to it, and resize's
+                    and stats["sink"]["sink_frames_written_total"] == good
+                    and all(stats[stage][f"{stage}_dead_lettered_total"] == BOMBS for stage in workers))
+        assert asyncio.run(wait_for(done, 120)) is not None, {stage: w.stats() for stage, w in workers.items()}
+
+        names = topic_names(settings)
+        letters = asyncio.run(_dead_letters(settings, 3 * BOMBS))
+        headers = [{name: value.decode() for name, value in letter.headers} for letter in letters]
+        refused = {(h["stage"], h["source_topic"], int(h["source_partition"]), int(h["source_offset"])): h["reason"]
+                   for h in headers}
+        for stage, role in (("resize", "frames"), ("infer", "scaled"), ("sink", "joined")):
+            for where in bombs[role]:
+                assert refused[(stage, names[role], *where)].startswith(
+                    f"JPEG of {BOMB_SIDE}x{BOMB_SIDE} takes 1.5GiB to decode, over the 64.0MiB"), stage
+        for stage, worker in workers.items():
+            assert worker.process.poll() is None, f"the {stage} worker stopped"
+            assert worker.stats()[f"{stage}_over_pixel_budget_total"] == BOMBS
+            peak = _peak_rss(worker.process.pid)
+            print(f"{stage} worker: peak RSS {peak / 1024**2:.0f} MiB")
+            assert peak < MEMORY_BUDGET, f"the {stage} worker peaked at {peak / 1024**2:.0f} MiB"
+    finally:
+        for worker in workers.values():
+            worker.stop()
