@@ -141,7 +141,9 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         web_port=settings.web_port,
         web_bind=settings.web_bind,
         web_application_options={"middlewares": [webport.guard(settings.web_token)]},
-        **webport.FAUST_WEB_OFF,
+        # Faust's own routes off: its tables would show the join's waiting frames (R21).
+        web_router_enabled=False, web_tables_enabled=False, web_graph_enabled=False, web_stats_enabled=False,
+        web_metrics_enabled=False,
         key_serializer="raw",
         value_serializer="raw",
         topic_partitions=settings.partitions,

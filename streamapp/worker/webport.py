@@ -1,8 +1,8 @@
 """What a worker's web port answers (R21): the documented routes, behind an optional token.
 
 Faust's own routes (``/table/...`` shows the join's state, ``/router/...``, its statistics and
-graph) are turned off by its settings (:data:`FAUST_WEB_OFF`). The one Faust serves whatever
-they say, its index at ``/``, and any other path no route serves, answer 404 here.
+graph) are turned off by its settings (streamapp.worker.factory). The one Faust serves whatever
+they say, its index at ``/``, answers 404 here, as does any path no route serves.
 
 With ``STREAMAPP_WEB_TOKEN`` set, every route but the health checks needs it, compared in
 constant time: as ``Authorization: Bearer <token>``, or the cookie a browser gets by opening any
@@ -17,9 +17,6 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-# Faust's settings for its built-in routes: off (the production index at "/" has no setting).
-FAUST_WEB_OFF = {"web_router_enabled": False, "web_tables_enabled": False, "web_graph_enabled": False,
-                 "web_stats_enabled": False, "web_metrics_enabled": False}
 # Answered without the token: an orchestrator's probes carry none.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 _FAUST_INDEX = "/"

@@ -185,3 +185,22 @@ def test_the_project_imports_cv2_only_through_streamapp_opencv():
                 if any(name == "cv2" or (name or "").startswith("cv2.") for name in names):
                     importers.append(str(path.relative_to(REPO)))
     assert importers == ["streamapp/opencv.py"]
+
+
+def test_an_opencv_error_in_decoding_costs_infer_the_frame_not_the_agent():
+    """What slips past our check and OpenCV refuses (here: our limit asked above OpenCV's) is a
+    CorruptFrame with OpenCV's reason on one line, which infer dead-letters like resize and sink."""
+    code = ("import numpy as np\n"
+            "from streamapp.agents.infer import ColorContourDetector, infer_frames\n"
+            "from streamapp.imaging import decode_jpeg, encode_jpeg\n"
+            "from streamapp.wire import Frame, FrameId\n"
+            "jpeg = encode_jpeg(np.zeros((100, 101, 3), np.uint8))\n"
+            "frame = Frame(FrameId('cam', 1, 0), 1_700_000_000_000, 101, 100, jpeg)\n"
+            "import streamapp.opencv; streamapp.opencv.PIXEL_LIMIT = 20000\n"
+            "result, = infer_frames([frame], ColorContourDetector())\n"
+            "print(type(result).__name__, str(result))\n")
+    env = {"PATH": "/usr/bin:/bin", "STREAMAPP_MAX_FRAME_PIXELS": "10000"}
+    said = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                          timeout=60).stdout.strip()
+    assert said.startswith("CorruptFrame JPEG data cannot be decoded: OpenCV") and "MAX_IMAGE_PIXELS" in said
+    assert "\n" not in said
