@@ -30,7 +30,7 @@ def decode_jpeg(jpeg: bytes, *, size: tuple[int, int] | None = None, max_pixels:
     STREAMAPP_MEMORY_BUDGET allows), the one OpenCV enforces too.
     """
     header = check_jpeg(jpeg, size)
-    check_decode_cost(header, opencv.PIXEL_LIMIT if max_pixels is None else max_pixels)
+    check_decode_cost(jpeg, header, opencv.PIXEL_LIMIT if max_pixels is None else max_pixels)
     try:
         image = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), cv2.IMREAD_COLOR)
     except cv2.error as exc:  # its own limits, on what slipped past ours

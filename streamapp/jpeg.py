@@ -3,8 +3,9 @@ join, and free of OpenCV, so a worker that only joins never loads it.
 
 libjpeg happily "decodes" a truncated file into an image padded with grey, so the end-of-image
 marker is checked up front, with the size the start-of-frame header claims. The same header says
-what decoding would cost (:meth:`JpegHeader.decode_bytes`), so a frame whose pixels would not fit
-the worker's budget is refused before anything allocates them (:func:`check_decode_cost`).
+what decoding would cost (:meth:`JpegHeader.decode_bytes`, with the number of scans), so a frame
+whose pixels would not fit the worker's budget is refused before anything allocates them
+(:func:`check_decode_cost`; only the stages that decode count the scans, never the join).
 """
 
 from __future__ import annotations
@@ -52,19 +53,18 @@ class JpegHeader:
     width: int
     height: int
     components: int  # 1 grey, 3 YCbCr, 4 CMYK
-    scans: int
 
-    def decode_bytes(self) -> int:
-        """Memory a decode takes: the image and OpenCV's copy, and with several scans every
-        component's coefficients (counted at full resolution, an upper bound when chroma is
-        subsampled)."""
+    def decode_bytes(self, scans: int) -> int:
+        """Memory a decode of a JPEG of ``scans`` scans takes: the image and OpenCV's copy, and
+        with several scans every component's coefficients (counted at full resolution, an upper
+        bound when chroma is subsampled)."""
         pixels = self.width * self.height
-        coefficients = self.components * _COEFFICIENT_BYTES * pixels if self.scans > 1 else 0
+        coefficients = self.components * _COEFFICIENT_BYTES * pixels if scans > 1 else 0
         return DECODE_BYTES_PER_PIXEL * pixels + coefficients
 
 
 def read_header(jpeg: bytes) -> JpegHeader:
-    """The JPEG's start-of-frame header and its number of scans, without decoding any pixels.
+    """The JPEG's start-of-frame header, without decoding any pixels.
 
     Raises :class:`CorruptFrame` and nothing else, whatever the bytes; reads none past them.
     """
@@ -86,15 +86,16 @@ def read_header(jpeg: bytes) -> JpegHeader:
             width = int.from_bytes(jpeg[position + 7:position + 9], "big")
             if width == 0 or height == 0:
                 raise CorruptFrame(f"JPEG claims an empty image of {width}x{height}")
-            return JpegHeader(width, height, jpeg[position + 9], _count_scans(jpeg, position))
+            return JpegHeader(width, height, jpeg[position + 9])
         if marker == 0xDA:  # start of scan: the pixel data began without a frame header
             break
         position += 2 + int.from_bytes(jpeg[position + 2:position + 4], "big")
     raise CorruptFrame("JPEG has no start-of-frame header")
 
 
-def _count_scans(jpeg: bytes, start: int) -> int:
-    return sum(1 for _ in _START_OF_SCAN.finditer(jpeg, start))
+def count_scans(jpeg: bytes) -> int:
+    """Start-of-scan markers in ``jpeg`` (a pass over all of its bytes)."""
+    return sum(1 for _ in _START_OF_SCAN.finditer(jpeg))
 
 
 def jpeg_size(jpeg: bytes) -> tuple[int, int]:
@@ -114,14 +115,16 @@ def check_jpeg(jpeg: bytes, size: tuple[int, int] | None = None) -> JpegHeader:
     return header
 
 
-def check_decode_cost(header: JpegHeader, max_pixels: int) -> None:
-    """Raise :class:`OverPixelBudget` unless decoding the JPEG fits the memory of a frame of
-    ``max_pixels`` pixels, and its scans are few enough to decode in reasonable time."""
-    if header.scans > MAX_SCANS:
-        raise OverPixelBudget(f"JPEG has {header.scans} scans, over the {MAX_SCANS} a frame may have")
-    cost, allowed = header.decode_bytes(), DECODE_BYTES_PER_PIXEL * max_pixels
+def check_decode_cost(jpeg: bytes, header: JpegHeader, max_pixels: int) -> None:
+    """Raise :class:`OverPixelBudget` unless decoding ``jpeg`` (whose header is ``header``) fits
+    the memory of a frame of ``max_pixels`` pixels, and its scans are few enough to decode in
+    reasonable time."""
+    scans = count_scans(jpeg)
+    if scans > MAX_SCANS:
+        raise OverPixelBudget(f"JPEG has {scans} scans, over the {MAX_SCANS} a frame may have")
+    cost, allowed = header.decode_bytes(scans), DECODE_BYTES_PER_PIXEL * max_pixels
     if cost > allowed:
-        many = f", {header.scans} scans" if header.scans > 1 else ""
+        many = f", {scans} scans" if scans > 1 else ""
         raise OverPixelBudget(
             f"JPEG of {header.width}x{header.height}{many} takes {format_bytes(cost)} to decode, over "
             f"the {format_bytes(allowed)} of a frame of {max_pixels} pixels",
