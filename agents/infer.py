@@ -298,8 +298,6 @@ def load_detector(spec: str, settings: Settings | None = None) -> Detector:
     return detector
 
 
-T = TypeVar("T")
-
 # --- the stage --------------------------------------------------------------------------------
 
 
@@ -343,6 +341,9 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
         results[position] = boxes if isinstance(boxes, Exception) else _detections(
             frames[position], boxes, detector.name, elapsed_ms)
     return [results[position] for position in range(len(frames))]
+
+
+T = TypeVar("T")
 
 
 def pixel_batches(items: Sequence[tuple[T, Frame]], max_pixels: int) -> list[list[tuple[T, Frame]]]:
