@@ -371,7 +371,7 @@ class ChangelogHealth:
             "join_changelog_records_skipped_total": self.skipped,
             "join_changelog_records_upgraded_total": self.upgraded,
             "join_recovery_failures_total": self.failures,
-            "join_recovery_failing": 0 if self.failing is None else 1,
+            "join_recovery_failure_active": 0 if self.failing is None else 1,
         }
 
 

@@ -84,7 +84,7 @@ HELP: dict[str, str] = {
     "join_changelog_records_upgraded_total":
         "Join changelog records in the entry format before its version byte, read as the current one.",
     "join_recovery_failures_total": "Times a batch of join changelog records could not be written to the store.",
-    "join_recovery_failing": "1 while the join's changelog recovery cannot write to its store (not ready).",
+    "join_recovery_failure_active": "1 while the join's changelog recovery cannot write to its store (not ready).",
     "join_input_pauses_total": "Times a join input partition was paused for being ahead of its partner.",
     "rocksdb_disk_bytes": "Bytes of the join window's RocksDB files on disk.",
     "rocksdb_memory_bytes": "Bytes of RocksDB's shared block cache and memtables.",

@@ -70,7 +70,7 @@ def test_crafted_changelog_records_are_skipped_and_the_restored_frames_join(kafk
         assert restored is not None, (
             f"skipped {_stat(pipeline, 'join_changelog_records_skipped_total')} of {skipped} crafted records, "
             f"{_stat(pipeline, 'join_pending_entries')} of {PENDING} frames restored")
-        assert _stat(pipeline, "join_recovery_failing") == 0
+        assert _stat(pipeline, "join_recovery_failure_active") == 0
         log = pipeline.workers["join"].log_path.read_text()
         assert log.count("skipped, and so is every further record") == settings.partitions
         assert f"join changelog {changelog_name(join_settings)} partition 0 offset " in log

@@ -108,14 +108,14 @@ def test_a_batch_the_store_cannot_write_is_a_failure_until_one_succeeds(window, 
     with caplog.at_level(logging.ERROR, logger=store_module.__name__), pytest.raises(DbClosedError):
         store.apply_changelog_batch([Event(0, 0, b"cam:1:0", frame_entry())], None, None)
     health = store.changelog_health
-    assert health.failures == 1 and health.as_metrics()["join_recovery_failing"] == 1
+    assert health.failures == 1 and health.as_metrics()["join_recovery_failure_active"] == 1
     assert health.failing.startswith("join changelog recovery cannot write to the store")
     assert "join changelog recovery cannot write to the store" in caplog.text
 
     store._partitions.pop(0)
     store._dbs.pop(0)
     store.apply_changelog_batch([Event(0, 0, b"cam:1:0", frame_entry())], None, None)
-    assert health.failing is None and health.as_metrics()["join_recovery_failing"] == 0
+    assert health.failing is None and health.as_metrics()["join_recovery_failure_active"] == 0
 
 
 def test_a_store_without_a_format_version_is_refused_at_start(tmp_path):
