@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import numpy as np
 
 from streamapp import assets, wire
+from streamapp.batches import acked_when_done
 from streamapp.errors import UsageError
 from streamapp.groundtruth import LabelledRect
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame
@@ -423,7 +424,7 @@ def register(stage: Stage) -> None:
 
     @stage.app.agent(stage.topics.scaled, name="infer")
     async def infer(stream):
-        async for events in stream.take_events(stage.settings.infer_batch, within=BATCH_WAIT_S):
+        async for events in acked_when_done(stream.take_events(stage.settings.infer_batch, within=BATCH_WAIT_S)):
             await _infer_events(stage, detector, latency, events)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from streamapp import wire
+from streamapp.batches import acked_when_done
 from streamapp.imaging import UNUSABLE_PIXELS, decode_frame, encode_jpeg
 from streamapp.opencv import cv2
 from streamapp.wire import Frame
@@ -43,7 +44,7 @@ def register(stage: Stage) -> None:
 
     @stage.app.agent(topics.frames, name="resize")
     async def resize(stream):
-        async for event in stream.events():
+        async for event in acked_when_done(stream.events()):
             stage.metrics.inc("resize_frames_in_total")
             try:
                 frame = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from streamapp import wire
+from streamapp.batches import acked_when_done
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of, resume_bytes_for, usage_of
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp.opencv import cv2
@@ -633,7 +634,7 @@ def register(stage: Stage) -> None:
 
     @stage.app.agent(stage.topics.joined, name="sink")
     async def sink(stream):
-        async for event in stream.events():
+        async for event in acked_when_done(stream.events()):
             stage.metrics.inc("sink_records_in_total")
             try:
                 joined = wire.decode_joined(event.value, max_frame_bytes=settings.max_frame_bytes)
