@@ -500,8 +500,8 @@ def register(stage: Stage) -> None:
     # mode types handlers as VarArg/NamedArg callables, which mypy matches with no function.
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stop_outputs(sender, **kwargs) -> None:
-        async with window.lock:  # a batch being decided finishes first
-            await stage.stop_outputs()
+        # After the store's stop (Faust stops tables first), which waited for the batch in progress.
+        await stage.stop_outputs()
 
     @app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():

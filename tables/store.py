@@ -25,6 +25,7 @@ a rebalance, is complete: nothing is kept in memory that a restart could lose (R
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import dataclasses
 import heapq
@@ -58,6 +59,8 @@ _NO_SLOWDOWN.no_slowdown = True
 # In each partition directory, written before RocksDB creates the database there: the entry
 # format version of the store. A database without it was written before entries had one.
 FORMAT_FILE = "STREAMAPP_JOIN_FORMAT"
+# How long a stopping worker waits for the join's batch or sweep in progress before it closes the store.
+STOP_WAIT_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -376,11 +379,13 @@ class ChangelogHealth:
 
 
 class JoinStore(faust_rocksdb.Store):
-    """Faust store for the join table. Table options: ``memory`` (a RocksMemory)."""
+    """Faust store for the join table. Table options: ``memory`` (a RocksMemory) and ``lock``
+    (the join window's: its batches and sweeps write while they hold it)."""
 
     def __init__(self, url, app, table, *, options=None, **kwargs: Any) -> None:
         options = dict(options or {})
         self.memory: RocksMemory = options.pop("memory")
+        self.writers: asyncio.Lock = options.pop("lock")
         super().__init__(url, app, table, options=options, driver="rocksdict", **kwargs)
         self._partitions: dict[int, JoinPartition] = {}
         self.changelog_health = ChangelogHealth()
@@ -414,6 +419,13 @@ class JoinStore(faust_rocksdb.Store):
                     closing.close()
 
     async def stop(self) -> None:
+        """Close the databases once the batch or sweep writing to them is done, and let none
+        begin after. A stopping worker closes its tables before its agents (Faust's order): a
+        batch still deciding would write to a closed database, and its crash stalled the stop."""
+        try:
+            await asyncio.wait_for(self.writers.acquire(), STOP_WAIT_S)  # never given back: the worker stops
+        except TimeoutError:
+            log.warning("the join's writes did not finish in %.0f s; its store is closed under them", STOP_WAIT_S)
         for partition in self._partitions.values():
             partition.close()
         self._partitions.clear()

@@ -71,12 +71,13 @@ class JoinWindow:
         changelog_config: Mapping[str, Any],
         recovery_buffer_size: int,
     ) -> None:
+        self.lock = asyncio.Lock()
         self.table = app.Table(
             name,
             key_type=bytes,
             value_type=bytes,
             partitions=partitions,
-            options={"memory": memory},
+            options={"memory": memory, "lock": self.lock},
             extra_topic_configs=dict(changelog_config),
             recovery_buffer_size=recovery_buffer_size,
             standby_buffer_size=recovery_buffer_size,
@@ -84,7 +85,6 @@ class JoinWindow:
         self.memory = memory
         self.store.check_format(partitions)
         self.changelog = ChangelogWriter(self.table)
-        self.lock = asyncio.Lock()
         # Pairs whose two sides met inside one batch: neither was written with its payload.
         self.pairs_completed_in_batch = 0
 
