@@ -17,15 +17,16 @@ import importlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-import cv2
 import numpy as np
 
 from streamapp import assets, wire
+from streamapp.batches import acked_when_done
 from streamapp.errors import UsageError
 from streamapp.groundtruth import LabelledRect
-from streamapp.imaging import CorruptFrame, decode_frame
+from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame
+from streamapp.opencv import cv2
 from streamapp.samples import INFER_LATENCY_BOUNDS
 from streamapp.settings import Settings
 from streamapp.wire import Box, Detections, Frame, FrameId
@@ -315,9 +316,10 @@ def infer_frame(frame: Frame, detector: Detector) -> Detections:
 def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections | Exception]:
     """:func:`infer_frame` for several frames in one detector call where the detector batches.
 
-    Each frame gets its detections or the exception that cost it them: an undecodable frame
-    fails alone; a detector that raises fails the frames it was given. ``latency_ms`` is the
-    whole call (decode, detection, mapping): how long each frame of it waited for its result.
+    Each frame gets its detections or the exception that cost it them: an undecodable frame (or
+    one over the pixel limit) fails alone; a detector that raises fails the frames it was given.
+    ``latency_ms`` is the whole call (decode, detection, mapping): how long each frame of it
+    waited for its result.
     The decoded images live only in this call.
     """
     started = time.perf_counter()
@@ -327,7 +329,7 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
         try:
             images.append(decode_frame(frame))
             decoded.append(position)
-        except CorruptFrame as exc:
+        except UNUSABLE_PIXELS as exc:
             results[position] = exc
     found: Sequence[Sequence[BoxLike] | Exception]
     try:
@@ -340,6 +342,26 @@ def infer_frames(frames: Sequence[Frame], detector: Detector) -> list[Detections
         results[position] = boxes if isinstance(boxes, Exception) else _detections(
             frames[position], boxes, detector.name, elapsed_ms)
     return [results[position] for position in range(len(frames))]
+
+
+T = TypeVar("T")
+
+
+def pixel_batches(items: Sequence[tuple[T, Frame]], max_pixels: int) -> list[list[tuple[T, Frame]]]:
+    """``(anything, frame)`` pairs in order, in groups of at most ``max_pixels`` pixels together
+    (a larger frame alone): a detector call holds all its decoded images, and the memory plan has
+    room for one frame's (docs/operations.md, Sizing). Pixels are what the frames claim; decoding
+    checks that."""
+    batches: list[list[tuple[T, Frame]]] = []
+    pixels = 0
+    for item in items:
+        frame_pixels = item[1].width * item[1].height
+        if not batches or pixels + frame_pixels > max_pixels:
+            batches.append([])
+            pixels = 0
+        batches[-1].append(item)
+        pixels += frame_pixels
+    return batches
 
 
 def _detect_all(detector: Detector, images: list[np.ndarray], frames: list[Frame]) -> list[Sequence[BoxLike]]:
@@ -397,16 +419,17 @@ def register(stage: Stage) -> None:
     """
     detector = load_detector(stage.settings.detector, stage.settings)
     latency = stage.metrics.histogram("infer_latency_seconds", INFER_LATENCY_BOUNDS)
-    stage.metrics.declare("infer_frames_in_total", "infer_results_total", "infer_batches_total")
+    stage.metrics.declare("infer_frames_in_total", "infer_results_total", "infer_batches_total",
+                          "infer_over_pixel_budget_total")
 
     @stage.app.agent(stage.topics.scaled, name="infer")
     async def infer(stream):
-        async for events in stream.take_events(stage.settings.infer_batch, within=BATCH_WAIT_S):
+        async for events in acked_when_done(stream.take_events(stage.settings.infer_batch, within=BATCH_WAIT_S)):
             await _infer_events(stage, detector, latency, events)
 
 
 async def _infer_events(stage, detector: Detector, latency, events) -> None:
-    settings, topics = stage.settings, stage.topics
+    settings = stage.settings
     stage.metrics.inc("infer_frames_in_total", len(events))
     readable = []
     for event in events:
@@ -414,18 +437,25 @@ async def _infer_events(stage, detector: Detector, latency, events) -> None:
             readable.append((event, wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)))
         except wire.WireError as exc:
             await stage.dead_letters.send(event, stage="infer", reason=str(exc))
-    if not readable:
+    for batch in pixel_batches(readable, settings.frame_pixel_limit):
+        results = await stage.offload(infer_frames, [scaled for _, scaled in batch], detector)
+        stage.metrics.inc("infer_batches_total")
+        for (event, scaled), result in zip(batch, results, strict=True):
+            await _send_result(stage, detector, latency, event, scaled, result)
+
+
+async def _send_result(stage, detector: Detector, latency, event, scaled: Frame,
+                       result: Detections | Exception) -> None:
+    settings, topics = stage.settings, stage.topics
+    if isinstance(result, Exception):
+        if isinstance(result, CorruptFrame):
+            await stage.dead_letters.refuse(event, stage="infer", error=result)
+        else:
+            await stage.dead_letters.send(event, stage="infer", reason=f"{detector.name}: {result!r}")
         return
-    results = await stage.offload(infer_frames, [scaled for _, scaled in readable], detector)
-    stage.metrics.inc("infer_batches_total")
-    for (event, scaled), result in zip(readable, results, strict=True):
-        if isinstance(result, Exception):
-            reason = str(result) if isinstance(result, CorruptFrame) else f"{detector.name}: {result!r}"
-            await stage.dead_letters.send(event, stage="infer", reason=reason)
-            continue
-        latency.observe(result.latency_ms / 1000)
-        if await stage.dead_letters.emit(event, stage="infer", topic=topics.detections,
-                                         key=scaled.id.bucket_key(settings.bucket_size),
-                                         value=wire.encode_detections(result),
-                                         timestamp=event.message.timestamp):
-            stage.metrics.inc("infer_results_total")
+    latency.observe(result.latency_ms / 1000)
+    if await stage.dead_letters.emit(event, stage="infer", topic=topics.detections,
+                                     key=scaled.id.bucket_key(settings.bucket_size),
+                                     value=wire.encode_detections(result),
+                                     timestamp=event.message.timestamp):
+        stage.metrics.inc("infer_results_total")

@@ -416,6 +416,7 @@ def register(stage: Stage) -> None:
     stage.metrics.add_gauges(in_step.as_metrics)
     stage.metrics.add_gauges(hold_back.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
+    stage.readiness.add("join changelog recovery not failing", lambda: window.store.changelog_health.failing is None)
     both_sides = app.topic(frames_topic, results_topic, key_serializer="raw", value_serializer="raw")
 
     def decode(event) -> Frame | Detections:
@@ -500,8 +501,8 @@ def register(stage: Stage) -> None:
     # mode types handlers as VarArg/NamedArg callables, which mypy matches with no function.
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stop_outputs(sender, **kwargs) -> None:
-        async with window.lock:  # a batch being decided finishes first
-            await stage.stop_outputs()
+        # After the store's stop (Faust stops tables first), which waited for the batch in progress.
+        await stage.stop_outputs()
 
     @app.timer(settings.sweep_interval_s, name="join-sweep")
     async def sweep():

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import cv2
-
 from streamapp import wire
+from streamapp.batches import acked_when_done
 from streamapp.imaging import UNUSABLE_PIXELS, decode_frame, encode_jpeg
+from streamapp.opencv import cv2
 from streamapp.wire import Frame
 
 if TYPE_CHECKING:
@@ -40,18 +40,18 @@ def resize_frame(frame: Frame, width: int, height: int, quality: int = 90) -> Fr
 def register(stage: Stage) -> None:
     """Faust agent: ``frames`` -> ``frames.scaled``; undecodable frames are dead-lettered."""
     settings, topics = stage.settings, stage.topics
-    stage.metrics.declare("resize_frames_in_total", "resize_frames_out_total")
+    stage.metrics.declare("resize_frames_in_total", "resize_frames_out_total", "resize_over_pixel_budget_total")
 
     @stage.app.agent(topics.frames, name="resize")
     async def resize(stream):
-        async for event in stream.events():
+        async for event in acked_when_done(stream.events()):
             stage.metrics.inc("resize_frames_in_total")
             try:
                 frame = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
                 scaled = await stage.offload(resize_frame, frame, settings.resize_width,
                                              settings.resize_height, settings.jpeg_quality)
             except (wire.WireError, *UNUSABLE_PIXELS) as exc:
-                await stage.dead_letters.send(event, stage="resize", reason=str(exc))
+                await stage.dead_letters.refuse(event, stage="resize", error=exc)
                 continue
             if await stage.dead_letters.emit(event, stage="resize", topic=topics.scaled,
                                              key=frame.id.bucket_key(settings.bucket_size),

@@ -28,12 +28,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import cv2
 import numpy as np
 
 from streamapp import wire
+from streamapp.batches import acked_when_done
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of, resume_bytes_for, usage_of
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
+from streamapp.opencv import cv2
 from streamapp.outputs import SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir, video_segments
 from streamapp.previewframes import LatestFrames
 from streamapp.settings import Settings, SettingsError
@@ -617,7 +618,7 @@ def register(stage: Stage) -> None:
     stage.readiness.add("sink disk not paused", lambda: not space.paused)
     latest = LatestFrames(settings.preview_bytes)
     stage.serve_preview(latest)
-    stage.metrics.declare("sink_records_in_total")
+    stage.metrics.declare("sink_records_in_total", "sink_over_pixel_budget_total")
 
     def write_frame(joined: Joined) -> bytes | None:
         check_room()
@@ -634,13 +635,13 @@ def register(stage: Stage) -> None:
 
     @stage.app.agent(stage.topics.joined, name="sink")
     async def sink(stream):
-        async for event in stream.events():
+        async for event in acked_when_done(stream.events()):
             stage.metrics.inc("sink_records_in_total")
             try:
                 joined = wire.decode_joined(event.value, max_frame_bytes=settings.max_frame_bytes)
                 await write(joined)
             except (wire.WireError, *UNUSABLE_PIXELS) as exc:
-                await stage.dead_letters.send(event, stage="sink", reason=str(exc))
+                await stage.dead_letters.refuse(event, stage="sink", error=exc)
 
     def tend_videos() -> None:
         videos.advance_all(limit=VIDEO_STEP)

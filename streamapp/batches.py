@@ -24,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from faust import Stream
 from faust.types import ChannelT, EventT, Message
 
 from streamapp.units import event_bytes
+
+Taken = TypeVar("Taken", EventT, list[EventT])
 
 
 class Batch:
@@ -252,3 +254,21 @@ class Batches:
                 batch = events.take_batch()
                 if batch.events:
                     yield batch
+
+
+async def acked_when_done(taken: AsyncIterator[Taken]) -> AsyncIterator[Taken]:
+    """``stream.events()`` or ``stream.take_events(...)``, except that what the loop over it is
+    handling when it is left, by a stop or an exception, is never acked.
+
+    Faust acks an event (or a taken list) in a ``finally`` around its ``yield``: when SIGTERM
+    cancels an agent in the middle of a frame, closing Faust's iterator acks that frame, and the
+    consumer's last commit on the way out commits it although nothing was sent for it: a frame
+    lost. Here each message so left holds one more reference, so Faust's ack leaves it unacked
+    and it is read again after the restart (R12)."""
+    async for item in taken:
+        try:
+            yield item
+        except GeneratorExit:
+            for event in item if isinstance(item, list) else [item]:
+                event.message.incref()
+            raise

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from streamapp.errors import UsageError
+from streamapp.jpeg import DECODE_BYTES_PER_PIXEL
 from streamapp.units import UnitError, parse_bytes, parse_duration
 
 STAGES = ("resize", "infer", "join", "sink")
@@ -25,7 +26,10 @@ STAGES = ("resize", "infer", "join", "sink")
 BACKPRESSURE = "backpressure"
 DROP_OLDEST = "drop-oldest"
 OVERLOAD_POLICIES = (BACKPRESSURE, DROP_OLDEST)
+# The part of the memory budget one decoded frame may take (the JPEG's own header says its cost).
+DECODED_FRAME_SHARE = 16
 _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
+_TOKEN = re.compile(r"[!-~]*")
 
 
 # Faust's names; docs/exactly-once.md says how exactly-once fared when workers were killed.
@@ -227,6 +231,8 @@ class Settings:
     done_marker_ttl_s: float = 60.0
     max_frame_bytes: int = 16 * 1024**2
     memory_budget_bytes: int = 1024**3
+    # Pixels of the largest frame a stage decodes; 0 is all that its share of the memory budget holds.
+    max_frame_pixels: int = 0
     overload: str = BACKPRESSURE
     # Bytes the worker's tables may take on disk; near it the oldest pending entries expire early.
     disk_budget_bytes: int = 4 * 1024**3
@@ -240,6 +246,10 @@ class Settings:
     data_dir: Path = Path("data")
     out_dir: Path = Path("out")
     web_port: int = 6066
+    # The address the web port listens on: this host only unless told otherwise (0.0.0.0: every interface).
+    web_bind: str = "127.0.0.1"
+    # A bearer token every web route but the health checks asks for; empty asks none. Never printed.
+    web_token: str = dataclasses.field(default="", repr=False)
     resize_width: int = 320
     resize_height: int = 240
     jpeg_quality: int = 90
@@ -285,6 +295,9 @@ class Settings:
                  "STREAMAPP_MAX_FRAME_BYTES must be between 64KiB and 256MiB")
         _require(self.memory_budget_bytes >= 8 * self.max_frame_bytes,
                  "STREAMAPP_MEMORY_BUDGET must hold at least 8 frames of STREAMAPP_MAX_FRAME_BYTES")
+        _require(0 <= self.max_frame_pixels <= self.budget_frame_pixels,
+                 f"STREAMAPP_MAX_FRAME_PIXELS can only lower the {self.budget_frame_pixels} pixels "
+                 f"STREAMAPP_MEMORY_BUDGET allows; raise the budget for larger frames")
         _require(self.overload in OVERLOAD_POLICIES,
                  f"STREAMAPP_OVERLOAD must be one of {', '.join(OVERLOAD_POLICIES)}")
         _require(self.disk_budget_bytes >= 64 * 1024**2 + 4 * self.max_frame_bytes,
@@ -295,6 +308,9 @@ class Settings:
         _require(self.resize_width >= 16 and self.resize_height >= 16,
                  "STREAMAPP_RESIZE must be at least 16x16")
         _require(0 < self.web_port < 65536, "STREAMAPP_WEB_PORT must be a TCP port")
+        _require(bool(self.web_bind.strip()), "STREAMAPP_WEB_BIND must be an address, e.g. 127.0.0.1 or 0.0.0.0")
+        _require(_TOKEN.fullmatch(self.web_token) is not None,
+                 "STREAMAPP_WEB_TOKEN must be printable ASCII without spaces")
         # Darknet's YOLO downsamples by 32.
         _require(self.yolo_input % 32 == 0 and 128 <= self.yolo_input <= 1024,
                  f"STREAMAPP_YOLO_INPUT must be a multiple of 32 from 128 to 1024, got {self.yolo_input}")
@@ -304,6 +320,17 @@ class Settings:
         _require(self.processing_guarantee in PROCESSING_GUARANTEES,
                  f"STREAMAPP_PROCESSING_GUARANTEE must be one of {', '.join(PROCESSING_GUARANTEES)}")
         _require(self.log_format in LOG_FORMATS, f"STREAMAPP_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
+
+    @property
+    def budget_frame_pixels(self) -> int:
+        """Pixels of the largest frame whose decoding fits its share of the memory budget: a
+        sixteenth, at 6 bytes a pixel (docs/operations.md, Sizing)."""
+        return self.memory_budget_bytes // DECODED_FRAME_SHARE // DECODE_BYTES_PER_PIXEL
+
+    @property
+    def frame_pixel_limit(self) -> int:
+        """Pixels of the largest frame a stage decodes."""
+        return self.max_frame_pixels or self.budget_frame_pixels
 
     @property
     def group_id(self) -> str:
@@ -349,6 +376,9 @@ class Settings:
                     env["STREAMAPP_RESIZE"], "STREAMAPP_RESIZE")
             except ValueError as exc:
                 raise SettingsError(str(exc)) from None
+        web_token = _secret(env, "STREAMAPP_WEB_TOKEN")
+        if web_token is not None:
+            values["web_token"] = web_token.value
         return cls(**values, security=KafkaSecurity.from_env(env))
 
     def to_env(self) -> dict[str, str]:
@@ -362,6 +392,8 @@ class Settings:
                 value = f"{value}s"
             env[variable] = str(value)
         env["STREAMAPP_RESIZE"] = f"{self.resize_width}x{self.resize_height}"
+        if self.web_token:
+            env["STREAMAPP_WEB_TOKEN"] = self.web_token
         return {**env, **self.security.to_env()}
 
     def replace(self, **changes) -> Settings:
@@ -445,6 +477,7 @@ _ENV = {
     "done_marker_ttl_s": ("STREAMAPP_DONE_MARKER_TTL", _duration),
     "max_frame_bytes": ("STREAMAPP_MAX_FRAME_BYTES", _size),
     "memory_budget_bytes": ("STREAMAPP_MEMORY_BUDGET", _size),
+    "max_frame_pixels": ("STREAMAPP_MAX_FRAME_PIXELS", _int),
     "overload": ("STREAMAPP_OVERLOAD", _text),
     "disk_budget_bytes": ("STREAMAPP_DISK_BUDGET", _size),
     "input_retention_s": ("STREAMAPP_INPUT_RETENTION", _duration),
@@ -454,6 +487,7 @@ _ENV = {
     "data_dir": ("STREAMAPP_DATA_DIR", _path),
     "out_dir": ("STREAMAPP_OUT_DIR", _path),
     "web_port": ("STREAMAPP_WEB_PORT", _int),
+    "web_bind": ("STREAMAPP_WEB_BIND", _text),
     "detector": ("STREAMAPP_DETECTOR", _text),
     "yolo_input": ("STREAMAPP_YOLO_INPUT", _int),
     "yolo_confidence": ("STREAMAPP_YOLO_CONFIDENCE", _float),

@@ -8,17 +8,30 @@ expiry index, a restored changelog and a rebalanced partition all derive them fr
 * ``event_ms``: the pending record's Kafka timestamp (its frame's capture time): it leaves once
   the other side has been read past ``event_ms`` + TTL, however fast that happens.
 
-Layout: ``kind (1 byte) | deadline_ms (u64 BE) | event_ms (u64 BE) | payload`` where the payload
-is the wire record of the pending side (frames and results) or empty (markers).
+Layout: ``version (1 byte) | kind (1 byte) | deadline_ms (u64 BE) | event_ms (u64 BE) | payload``
+where the payload is the wire record of the pending side (frames and results) or empty (markers).
+The same bytes are the store's value and the changelog record's, so both carry the version.
+Entries written before the version byte (``kind | deadline_ms | event_ms | payload``) start with
+a kind letter, never with a version number: :func:`upgrade_legacy` reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import struct
+from typing import cast
 
-_HEADER = struct.Struct(">cQQ")
+from streamapp import wire
+from streamapp.errors import StreamappError
+
+FORMAT_VERSION = 1
+_HEADER = struct.Struct(">BcQQ")
 HEADER_BYTES = _HEADER.size
+_LEGACY_HEADER_BYTES = HEADER_BYTES - 1
+
+
+class EntryError(StreamappError, ValueError):
+    """A join entry (a store value or a changelog record) this version cannot read."""
 
 
 class EntryKind:
@@ -32,6 +45,8 @@ class EntryKind:
 
 
 OTHER_SIDE = {EntryKind.FRAME: EntryKind.RESULT, EntryKind.RESULT: EntryKind.FRAME}
+# The wire record a pending side's payload must be.
+_PAYLOAD_KIND = {EntryKind.FRAME: wire.Kind.FRAME, EntryKind.RESULT: wire.Kind.DETECTIONS}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,16 +64,49 @@ class Entry:
         return self.kind in EntryKind.PENDING
 
     def encode(self) -> bytes:
-        return _HEADER.pack(self.kind, self.deadline_ms, self.event_ms) + self.payload
+        return _HEADER.pack(FORMAT_VERSION, self.kind, self.deadline_ms, self.event_ms) + self.payload
 
     @classmethod
     def decode(cls, value: bytes) -> Entry:
-        kind, deadline_ms, event_ms = _HEADER.unpack_from(value)
-        if kind not in EntryKind.ALL:
-            raise ValueError(f"join store entry of unknown kind {kind!r}")
+        """A stored entry (its payload was checked before it was stored: see :func:`check`)."""
+        kind, deadline_ms, event_ms = peek_times(value)
         return cls(kind, deadline_ms, bytes(value[HEADER_BYTES:]), event_ms)
 
 
 def peek_times(value: bytes) -> tuple[bytes, int, int]:
-    """Kind, deadline and event time without copying the payload (used on every store write)."""
-    return _HEADER.unpack_from(value)
+    """Kind, deadline and event time from the header alone, without copying the payload (used on
+    every store write, whose values this worker encoded or :func:`check` read)."""
+    if len(value) < HEADER_BYTES:
+        raise EntryError(f"join entry of {len(value)} bytes is shorter than its {HEADER_BYTES}-byte header")
+    version, kind, deadline_ms, event_ms = _HEADER.unpack_from(value)
+    if version != FORMAT_VERSION:
+        raise EntryError(f"join entry of format version {version}; this streamapp reads version {FORMAT_VERSION}",
+                         "run the streamapp version that wrote it, or let the entry go")
+    if kind not in EntryKind.ALL:
+        raise EntryError(f"join entry of unknown kind {kind!r}")
+    return kind, deadline_ms, event_ms
+
+
+def check(value: bytes) -> tuple[bytes, int, int]:
+    """:func:`peek_times` of an entry from outside this worker (a changelog record), after
+    checking that its payload is what its kind holds: the wire record of a pending side (its
+    prefix and header, not its JPEG), nothing for a marker. Raises :class:`EntryError`."""
+    kind, deadline_ms, event_ms = peek_times(value)
+    payload = memoryview(value)[HEADER_BYTES:]
+    if kind in EntryKind.PENDING:
+        try:
+            found = wire.peek_kind(cast(bytes, payload))  # read like bytes
+        except wire.WireError as exc:
+            raise EntryError(f"join entry of kind {kind.decode()} holds no wire record: {exc}") from None
+        if found != _PAYLOAD_KIND[kind]:
+            raise EntryError(f"join entry of kind {kind.decode()} holds a {found.decode()} record")
+    elif payload:
+        raise EntryError(f"join marker of kind {kind.decode()} carries {len(payload)} bytes")
+    return kind, deadline_ms, event_ms
+
+
+def upgrade_legacy(value: bytes) -> bytes | None:
+    """An entry in the layout before the version byte, in this one; None if it is not one."""
+    if len(value) >= _LEGACY_HEADER_BYTES and bytes(value[:1]) in EntryKind.ALL:
+        return bytes((FORMAT_VERSION,)) + bytes(value)
+    return None

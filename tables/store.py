@@ -15,16 +15,21 @@ Each partition is one RocksDB database with two column families:
 
 Every write path keeps the families in step in one atomic write batch: agent writes (``_set``/
 ``_del``), changelog recovery and standby replay (``apply_changelog_batch``), and the join's own
-batches and sweeps (``write``). Because the times live in the entry, an index restored from the
-changelog alone, or opened after a rebalance, is complete: nothing is kept in memory that a
-restart could lose (R4).
+batches and sweeps (``write``). Recovery reads records this worker did not write: one it cannot
+read (malformed, or of an unknown format version) is counted, logged once per partition and
+skipped, so it never stops the join (:class:`ChangelogHealth`).
+
+Because the times live in the entry, an index restored from the changelog alone, or opened after
+a rebalance, is complete: nothing is kept in memory that a restart could lose (R4).
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import dataclasses
 import heapq
+import logging
 import os
 import struct
 from collections.abc import Callable, Iterable, Iterator
@@ -37,7 +42,8 @@ from faust.streams import current_event
 from faust.types import TP, EventT
 
 from streamapp.diskspace import is_disk_full, is_write_stall
-from streamapp.tables.entry import EntryKind, peek_times
+from streamapp.errors import StreamappError, one_line
+from streamapp.tables.entry import FORMAT_VERSION, EntryError, EntryKind, check, peek_times, upgrade_legacy
 from streamapp.tables.memory import RocksMemory
 from streamapp.wire import run_of
 
@@ -50,6 +56,13 @@ _LAST_TIME = b"\xff" * _TIME.size
 _PAST_ALL = b"\xff"  # above every index key (they start with W or E)
 _NO_SLOWDOWN = rocksdict.WriteOptions()
 _NO_SLOWDOWN.no_slowdown = True
+# In each partition directory, written before RocksDB creates the database there: the entry
+# format version of the store. A database without it was written before entries had one.
+FORMAT_FILE = "STREAMAPP_JOIN_FORMAT"
+# How long a stopping worker waits for the join's batch or sweep in progress before it closes the store.
+STOP_WAIT_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 def _event_prefix(kind: bytes, run: bytes) -> bytes:
@@ -273,26 +286,125 @@ def _describe(value: bytes | None) -> _Described | None:
     return (*peek_times(value), len(value))
 
 
+class OldStoreFormat(StreamappError, RuntimeError):
+    """A join store on disk in an entry format this version does not read."""
+
+
+def check_store_format(paths: Iterable[Path]) -> None:
+    """Refuse, before the worker starts, a join store written in another entry format: its
+    entries would fail at the first read. Its changelog can restore it in this one (old records
+    are upgraded as they are read), so the fix is to delete it."""
+    for path in paths:
+        if not (path / "CURRENT").exists():
+            continue  # no database yet
+        marker = path / FORMAT_FILE
+        found = marker.read_text().strip() if marker.exists() else "none (written before entries had a version)"
+        if found != str(FORMAT_VERSION):
+            raise OldStoreFormat(
+                f"join store {path} has entry format {found}; this streamapp reads format {FORMAT_VERSION}",
+                f"stop the worker, delete {path.parent} and start it again: it restores the store from the "
+                "changelog (see docs/operations.md, Upgrading)")
+
+
+def mark_store_format(path: Path) -> None:
+    """Mark a partition directory as holding this format, unless a database is there already
+    (check_store_format has judged that one)."""
+    if not (path / "CURRENT").exists():
+        path.mkdir(parents=True, exist_ok=True)
+        (path / FORMAT_FILE).write_text(f"{FORMAT_VERSION}\n")
+
+
+@dataclasses.dataclass
+class ChangelogHealth:
+    """What recovery and standby replay met in the changelog.
+
+    A record the store cannot read is skipped, counted, and logged for the first one of each
+    partition only (a corrupt partition would log as often as records arrive). A batch the store
+    cannot write is kept by Faust and tried again with the next records, or within 5 s: while it
+    fails, :attr:`failing` says why (readiness), every failure is counted and each new reason
+    logged, so a recovery that cannot finish is never silent."""
+
+    skipped: int = 0
+    upgraded: int = 0
+    failures: int = 0
+    failing: str | None = None
+    _logged: set[TP] = dataclasses.field(default_factory=set)
+
+    def readable(self, message) -> tuple[bytes, bytes | None]:
+        """The key and value to store for a changelog record (value None: a deletion); raises
+        EntryError for one to skip."""
+        key, value = message.key, message.value
+        if key is None:  # never from our writer: a compacted topic refuses records without a key
+            raise EntryError("a changelog record without a key")
+        if value is None:
+            return key, None
+        try:
+            check(value)
+        except EntryError:
+            upgraded = upgrade_legacy(value)
+            if upgraded is None:
+                raise
+            check(upgraded)  # raises the error of the record as this layout reads it
+            self.upgraded += 1
+            return key, upgraded
+        return key, value
+
+    def skip(self, message, error: EntryError) -> None:
+        self.skipped += 1
+        if message.tp not in self._logged:
+            self._logged.add(message.tp)
+            log.warning("join changelog %s partition %d offset %d: %s; skipped, and so is every further record "
+                        "of this partition the store cannot read (counted in join_changelog_records_skipped_total, "
+                        "not logged)", message.topic, message.partition, message.offset, one_line(error))
+
+    def failed(self, error: BaseException) -> None:
+        self.failures += 1
+        reason = f"join changelog recovery cannot write to the store: {one_line(error)}"
+        if reason != self.failing:
+            log.error("%s; Faust tries again with the next records", reason)
+        self.failing = reason
+
+    def succeeded(self) -> None:
+        if self.failing is not None:
+            log.info("join changelog recovery writes to the store again")
+        self.failing = None
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            "join_changelog_records_skipped_total": self.skipped,
+            "join_changelog_records_upgraded_total": self.upgraded,
+            "join_recovery_failures_total": self.failures,
+            "join_recovery_failure_active": 0 if self.failing is None else 1,
+        }
+
+
 class JoinStore(faust_rocksdb.Store):
-    """Faust store for the join table. Table options: ``memory`` (a RocksMemory)."""
+    """Faust store for the join table. Table options: ``memory`` (a RocksMemory) and ``lock``
+    (the join window's: its batches and sweeps write while they hold it)."""
 
     def __init__(self, url, app, table, *, options=None, **kwargs: Any) -> None:
         options = dict(options or {})
         self.memory: RocksMemory = options.pop("memory")
+        self.writers: asyncio.Lock = options.pop("lock")
         super().__init__(url, app, table, options=options, driver="rocksdict", **kwargs)
         self._partitions: dict[int, JoinPartition] = {}
+        self.changelog_health = ChangelogHealth()
 
     # --- partitions ---------------------------------------------------------------------------
 
     def _open_for_partition(self, partition: int) -> rocksdict.Rdict:
-        path = str(self.partition_path(partition))
+        path = self.partition_path(partition)
+        mark_store_format(path)
         db = rocksdict.Rdict(
-            path,
+            str(path),
             options=self.memory.options(),
             column_families={EXPIRY_FAMILY: self.memory.options()},
         )
         self._partitions[partition] = JoinPartition(db)
         return db
+
+    def check_format(self, partitions: int) -> None:
+        check_store_format(Path(self.partition_path(number)) for number in range(partitions))
 
     def partition(self, partition: int) -> JoinPartition:
         self._db_for_partition(partition)  # opens it on first use, like Faust does
@@ -307,6 +419,13 @@ class JoinStore(faust_rocksdb.Store):
                     closing.close()
 
     async def stop(self) -> None:
+        """Close the databases once the batch or sweep writing to them is done, and let none
+        begin after. A stopping worker closes its tables before its agents (Faust's order): a
+        batch still deciding would write to a closed database, and its crash stalled the stop."""
+        try:
+            await asyncio.wait_for(self.writers.acquire(), STOP_WAIT_S)  # never given back: the worker stops
+        except TimeoutError:
+            log.warning("the join's writes did not finish in %.0f s; its store is closed under them", STOP_WAIT_S)
         for partition in self._partitions.values():
             partition.close()
         self._partitions.clear()
@@ -344,18 +463,27 @@ class JoinStore(faust_rocksdb.Store):
         to_key: Callable[[Any], Any],
         to_value: Callable[[Any], Any],
     ) -> None:
+        health = self.changelog_health
         by_partition: dict[int, list[tuple[bytes, bytes | None]]] = {}
         offsets: dict[TP, int] = {}
         for event in batch:
             message = event.message
-            if message.key is None:  # never: a compacted topic refuses records without a key
-                raise ValueError(f"{message.tp} offset {message.offset}: a changelog record without a key")
-            by_partition.setdefault(message.partition, []).append((message.key, message.value))
             offsets[message.tp] = max(message.offset, offsets.get(message.tp, -1))
-        for number, changes in by_partition.items():
-            self.partition(number).write_many(changes)
-        for tp, offset in offsets.items():
-            self.set_persisted_offset(tp, offset)
+            try:
+                change = health.readable(message)
+            except EntryError as exc:
+                health.skip(message, exc)
+                continue
+            by_partition.setdefault(message.partition, []).append(change)
+        try:
+            for number, changes in by_partition.items():
+                self.partition(number).write_many(changes)
+            for tp, offset in offsets.items():
+                self.set_persisted_offset(tp, offset)
+        except Exception as exc:
+            health.failed(exc)
+            raise
+        health.succeeded()
 
     def set_persisted_offset(self, tp: TP, offset: int) -> None:
         """Faust writes this marker from a producer callback on the event loop, so it must never

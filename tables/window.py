@@ -71,19 +71,20 @@ class JoinWindow:
         changelog_config: Mapping[str, Any],
         recovery_buffer_size: int,
     ) -> None:
+        self.lock = asyncio.Lock()
         self.table = app.Table(
             name,
             key_type=bytes,
             value_type=bytes,
             partitions=partitions,
-            options={"memory": memory},
+            options={"memory": memory, "lock": self.lock},
             extra_topic_configs=dict(changelog_config),
             recovery_buffer_size=recovery_buffer_size,
             standby_buffer_size=recovery_buffer_size,
         )
         self.memory = memory
+        self.store.check_format(partitions)
         self.changelog = ChangelogWriter(self.table)
-        self.lock = asyncio.Lock()
         # Pairs whose two sides met inside one batch: neither was written with its payload.
         self.pairs_completed_in_batch = 0
 
@@ -165,6 +166,7 @@ class JoinWindow:
                 0.0 if oldest_pending is None else max(0.0, (now_ms - oldest_pending + ttl_ms) / 1000),
             "join_next_expiry_seconds": 0.0 if next_due is None else max(0.0, (next_due - now_ms) / 1000),
             "join_pairs_completed_in_batch_total": self.pairs_completed_in_batch,
+            **store.changelog_health.as_metrics(),
             "rocksdb_disk_bytes": store.disk_bytes(),
             "rocksdb_memory_bytes": self.memory.usage_bytes(),
         }

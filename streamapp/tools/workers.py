@@ -83,9 +83,15 @@ class Worker(Process):
             log_dir / f"{stage}.log", READY_MARKER, env={**os.environ, **settings.to_env()})
 
     def stats(self, timeout_s: float = 5.0) -> dict:
-        url = f"http://127.0.0.1:{self.settings.web_port}/streamapp/stats/"
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return json.loads(response.read())
+        return json.loads(self.get("/streamapp/stats/", timeout_s))
+
+    def get(self, path: str, timeout_s: float = 5.0) -> bytes:
+        """The body of a route of the worker's web port, with its token if it has one."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.settings.web_port}{path}")
+        if self.settings.web_token:
+            request.add_header("Authorization", f"Bearer {self.settings.web_token}")
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read()
 
     def readiness(self, timeout_s: float = 5.0) -> tuple[int, dict]:
         """``/readyz``: its status (200 ready, 503 not) and the conditions it reports."""

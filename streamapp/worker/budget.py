@@ -13,7 +13,10 @@ and the next is 3 MB. Here every buffer a record passes through gets a share of
 * the batches the join holds: the one it is deciding and the one whose outputs are on their way,
   plus up to one batch's bytes of records held back for their partners (agents/join.py,
   streamapp.batches);
-* the rest is headroom for the interpreter and the one decoded image a pixel stage holds.
+* the decoded frame a pixel stage holds (resize, sink: one frame; infer: frames together no
+  larger than one): a sixteenth, or less with ``STREAMAPP_MAX_FRAME_PIXELS``; a JPEG whose header
+  says it would take more is refused before it is decoded (streamapp.jpeg);
+* the rest is headroom for the interpreter.
 
 When a stream buffer is full the worker stops fetching (backpressure), or, with
 ``STREAMAPP_OVERLOAD=drop-oldest`` for live video, drops the oldest buffered records, counted.
@@ -29,6 +32,7 @@ from typing import Any
 
 from mode.utils.queues import ThrowableQueue
 
+from streamapp.jpeg import DECODE_BYTES_PER_PIXEL
 from streamapp.settings import BACKPRESSURE, DROP_OLDEST, Settings
 from streamapp.topics import max_record_bytes
 from streamapp.units import event_bytes
@@ -51,6 +55,7 @@ class MemoryPlan:
     producer_batch_bytes: int
     send_buffer_bytes: int
     batch_bytes: int              # records in one join batch; two are held at once, and held-back records
+    decoded_frame_bytes: int      # the one decoded frame of a pixel stage's slot
 
     @classmethod
     def for_settings(cls, settings: Settings) -> MemoryPlan:
@@ -72,6 +77,7 @@ class MemoryPlan:
                                      max(_MIN_BATCH_BYTES, producer_share // (2 * produced))),
             send_buffer_bytes=max(record, producer_share),
             batch_bytes=max(record, budget // 16),
+            decoded_frame_bytes=DECODE_BYTES_PER_PIXEL * settings.frame_pixel_limit,
         )
 
     def as_metrics(self) -> dict[str, float]:

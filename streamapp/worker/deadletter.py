@@ -13,6 +13,7 @@ import faust
 from faust.exceptions import ProducerSendError
 from faust.types import EventT
 
+from streamapp.jpeg import OverPixelBudget
 from streamapp.worker.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,13 @@ class DeadLetters:
                 ("original_dropped", f"{len(message.value or b'')} bytes: {exc}".encode()[:MAX_REASON_BYTES]),
             ])
         self.metrics.inc(f"{stage}_dead_lettered_total")
+
+    async def refuse(self, event: EventT, *, stage: str, error: Exception) -> None:
+        """Dead-letter ``event`` for ``error``; a frame over the pixel budget is also counted in
+        ``<stage>_over_pixel_budget_total``."""
+        if isinstance(error, OverPixelBudget):
+            self.metrics.inc(f"{stage}_over_pixel_budget_total")
+        await self.send(event, stage=stage, reason=str(error))
 
     async def emit(self, event: EventT, *, stage: str, topic: faust.TopicT, key: bytes,
                    value: bytes, timestamp: float | None = None) -> Awaitable | None:

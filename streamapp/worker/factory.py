@@ -25,7 +25,7 @@ from streamapp.kafkasecurity import broker_credentials
 from streamapp.settings import Settings
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
-from streamapp.worker import consumer, health, logs
+from streamapp.worker import consumer, health, logs, webport
 from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import (
@@ -146,6 +146,11 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         store=STORE_URL,
         datadir=str(settings.data_dir),
         web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        web_application_options={"middlewares": [webport.guard(settings.web_token)]},
+        # Faust's own routes off: its tables would show the join's waiting frames (R21).
+        web_router_enabled=False, web_tables_enabled=False, web_graph_enabled=False, web_stats_enabled=False,
+        web_metrics_enabled=False,
         key_serializer="raw",
         value_serializer="raw",
         topic_partitions=settings.partitions,

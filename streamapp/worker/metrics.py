@@ -79,6 +79,12 @@ HELP: dict[str, str] = {
     "join_held_bytes": "Bytes of join input records held back for their partner, to be decided in one batch with it.",
     "join_held_let_go_over_bound_total":
         "Records let go without their partner because the held records reached their byte bound.",
+    "join_changelog_records_skipped_total":
+        "Join changelog records recovery skipped: malformed, or of an entry format this version does not read.",
+    "join_changelog_records_upgraded_total":
+        "Join changelog records in the entry format before its version byte, read as the current one.",
+    "join_recovery_failures_total": "Times a batch of join changelog records could not be written to the store.",
+    "join_recovery_failure_active": "1 while the join's changelog recovery cannot write to its store (not ready).",
     "join_input_pauses_total": "Times a join input partition was paused for being ahead of its partner.",
     "rocksdb_disk_bytes": "Bytes of the join window's RocksDB files on disk.",
     "rocksdb_memory_bytes": "Bytes of RocksDB's shared block cache and memtables.",
@@ -101,6 +107,9 @@ HELP: dict[str, str] = {
     "infer_dead_lettered_total": "Records the infer stage sent to the dead-letter topic.",
     "join_dead_lettered_total": "Records the join sent to the dead-letter topic.",
     "sink_dead_lettered_total": "Records the sink sent to the dead-letter topic.",
+    "resize_over_pixel_budget_total": "Frames resize dead-lettered unread: their decoding would not fit the limit.",
+    "infer_over_pixel_budget_total": "Frames infer dead-lettered unread: their decoding would not fit the limit.",
+    "sink_over_pixel_budget_total": "Frames the sink dead-lettered unread: their decoding would not fit the limit.",
     "kafka_consumer_lag_records": "Records in a partition after the worker's last committed offset.",
     "kafka_consumer_assigned_partitions": "Partitions of a topic assigned to this worker.",
     "kafka_consumer_fetch_paused_partitions": "Assigned partitions of a topic the fetcher does not fetch.",
@@ -119,6 +128,7 @@ HELP: dict[str, str] = {
     "budget_producer_batch_bytes": "Largest producer batch per partition.",
     "budget_send_buffer_bytes": "Bytes that may wait in the producer's send buffer.",
     "budget_batch_bytes": "Largest batch of records the join decides at once.",
+    "budget_decoded_frame_bytes": "Memory a pixel stage's decoded frame may take (6 bytes a pixel of the limit).",
     "stream_buffer_bytes": "Bytes waiting in the stream buffers between the consumer and the agents.",
     "budget_stream_buffer_pauses_total": "Partitions paused because a stream buffer was full (backpressure).",
     "budget_dropped_records_total": "Buffered records dropped to stay in budget (drop-oldest only).",

@@ -1,16 +1,21 @@
-"""Bad input on every topic never stops a worker (R11, R13): each bad record becomes exactly one
-dead letter per stage that reads it, with the original bytes, the reason, the stage and the source
-topic/partition/offset; a counter per stage; good frames around the bad ones still come out.
+"""Bad input on every topic never stops a worker (R11, R13, R20): each bad record becomes exactly
+one dead letter per stage that reads it, with the original bytes, the reason, the stage and the
+source topic/partition/offset; a counter per stage; good frames around the bad ones still come out.
 
-One worker process runs all four stages on the real broker.
+One worker process runs all four stages on the real broker; then decompression bombs (whole
+JPEGs of 4 MiB that decode to 768 MiB) and the other crafted JPEGs of tests/jpegcraft.py go to a
+resize, an infer and a sink worker, each in a 1 GiB budget, which must refuse them unread and
+stay within it.
 """
 
 import asyncio
 import json
 import math
+import re
 import struct
 import time
 
+import jpegcraft
 import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -18,6 +23,7 @@ from aiokafka import AIOKafkaProducer
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
 from streamapp.imaging import encode_jpeg
+from streamapp.jpeg import CorruptFrame, OverPixelBudget, jpeg_size
 from streamapp.outputs import frame_path
 from streamapp.settings import Settings
 from streamapp.tools.harness import read_topic, wait_for
@@ -25,7 +31,7 @@ from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
-from streamapp.wire import FrameId
+from streamapp.wire import Frame, FrameId, Joined
 
 pytestmark = pytest.mark.kafka
 
@@ -189,3 +195,108 @@ def test_every_bad_record_costs_one_dead_letter_per_stage_and_work_goes_on(setti
             assert stats[f"{stage}_dead_lettered_total"] == sum(source[0] == stage for source in sources)
     finally:
         worker.stop()
+
+
+# --- decompression bombs --------------------------------------------------------------------------
+
+BOMBS = 3
+BOMB_SIDE = 16384
+MEMORY_BUDGET = 1024**3
+BUDGET_REASON = re.compile(r"JPEG .*(to decode|scans), over the ")
+
+
+def _hostile_frames(settings: Settings) -> list[tuple[Frame, bool]]:
+    """The bombs, then the rest of the crafted corpus; each with whether the pixel budget (rather
+    than a broken header or the wire format's size limit) must refuse it."""
+    bomb = jpegcraft.flat_grey(BOMB_SIDE, BOMB_SIDE)
+    crafted = [(jpeg, error is OverPixelBudget) for jpeg, error in jpegcraft.corpus(settings.frame_pixel_limit).values()
+               if jpeg is not bomb]
+    frames = []
+    for index, (jpeg, over_budget) in enumerate([(bomb, True)] * BOMBS + crafted):
+        try:
+            width, height = jpeg_size(jpeg)
+        except CorruptFrame:
+            width, height = 64, 48
+        over_budget &= max(width, height) <= wire.MAX_DIMENSION
+        frames.append((Frame(FrameId("bomb", 1, index), NOW_MS, width, height, jpeg), over_budget))
+    return frames
+
+
+async def _send_hostile_among_good_frames(settings: Settings) -> dict[tuple[str, int, int], bool]:
+    """To each decoding stage's input, good records with a hostile one after each; returns where
+    each hostile record went (topic, partition, offset), with whether the budget refuses it."""
+    names = topic_names(settings)
+    hostile = _hostile_frames(settings)
+    good = [frame for frame, _ in synthetic_frames("good", 7, len(hostile), 320, 240, seed=5, now_ms=NOW_MS)]
+    encoders = {"frames": wire.encode_frame, "scaled": wire.encode_frame,
+                "joined": lambda frame: wire.encode_joined(Joined(frame, None))}
+    sent_to = {}
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
+                                max_request_size=max_record_bytes(settings))
+    await producer.start()
+    try:
+        for role, encode in encoders.items():
+            for frame, (bad, over_budget) in zip(good, hostile, strict=True):
+                for record in (frame, bad):
+                    sent = await producer.send_and_wait(names[role], encode(record),
+                                                        key=record.id.bucket_key(settings.bucket_size))
+                sent_to[(names[role], sent.partition, sent.offset)] = over_budget
+    finally:
+        await producer.stop()
+    return sent_to
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident memory in bytes (the kernel's VmHWM)."""
+    status = open(f"/proc/{pid}/status").read()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024
+
+
+def test_bombs_are_refused_unread_and_each_decoding_worker_stays_in_budget(
+        kafka_bootstrap, tmp_path, unique_topic):
+    settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"{unique_topic}.", partitions=1,
+                        max_frame_bytes=8 * 1024**2, memory_budget_bytes=MEMORY_BUDGET,
+                        data_dir=tmp_path / "data", out_dir=tmp_path / "out")
+    asyncio.run(ensure_topics(settings))
+    workers = {stage: Worker(stage, settings.replace(stages=(stage,), web_port=free_port(),
+                                                     data_dir=tmp_path / stage), tmp_path)
+               for stage in ("resize", "infer", "sink")}
+    try:
+        for worker in workers.values():
+            assert asyncio.run(wait_for(worker.ready, 120)) is not None, worker.log_path.read_text()[-3000:]
+        hostile = asyncio.run(_send_hostile_among_good_frames(settings))
+        good = bad = len(hostile) // 3
+        over_budget = sum(hostile.values()) // 3
+
+        def done() -> bool:
+            stats = {stage: worker.stats() for stage, worker in workers.items()}
+            return (stats["resize"]["resize_frames_out_total"] == good
+                    and stats["infer"]["infer_results_total"] == 2 * good  # sent to it, and resize's
+                    and stats["sink"]["sink_frames_written_total"] == good
+                    and all(stats[stage][f"{stage}_dead_lettered_total"] == bad for stage in workers))
+        assert asyncio.run(wait_for(done, 120)) is not None, {stage: w.stats() for stage, w in workers.items()}
+
+        names = topic_names(settings)
+        stage_of = {names["frames"]: "resize", names["scaled"]: "infer", names["joined"]: "sink"}
+        letters = asyncio.run(_dead_letters(settings, len(hostile)))
+        headers = [{name: value.decode() for name, value in letter.headers} for letter in letters]
+        refused = {(h["source_topic"], int(h["source_partition"]), int(h["source_offset"])): (h["stage"], h["reason"])
+                   for h in headers}
+        assert refused.keys() == hostile.keys()
+        for where, by_budget in hostile.items():
+            stage, reason = refused[where]
+            assert stage == stage_of[where[0]] and bool(BUDGET_REASON.match(reason)) == by_budget, (where, reason)
+        bomb_reasons = {reason for _, reason in refused.values() if reason.startswith(f"JPEG of {BOMB_SIDE}x")}
+        assert bomb_reasons == {f"JPEG of {BOMB_SIDE}x{BOMB_SIDE} takes 1.5GiB to decode, over the 64.0MiB of a "
+                                f"frame of {settings.frame_pixel_limit} pixels — lower the frame's resolution, or "
+                                "raise STREAMAPP_MEMORY_BUDGET (the budget is a sixteenth of it) or "
+                                "STREAMAPP_MAX_FRAME_PIXELS"}
+        for stage, worker in workers.items():
+            assert worker.process.poll() is None, f"the {stage} worker stopped"
+            assert worker.stats()[f"{stage}_over_pixel_budget_total"] == over_budget
+            peak = _peak_rss(worker.process.pid)
+            print(f"{stage} worker: peak RSS {peak / 1024**2:.0f} MiB")
+            assert peak < MEMORY_BUDGET, f"the {stage} worker peaked at {peak / 1024**2:.0f} MiB"
+    finally:
+        for worker in workers.values():
+            worker.stop()

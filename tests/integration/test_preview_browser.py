@@ -1,9 +1,10 @@
-"""The sink worker's live preview in a real headless Chromium, and its /metrics page (the project's
-metrics, the standard collectors and Faust's sensor on one page).
+"""The sink worker's live preview in a real headless Chromium, its /metrics page (the project's
+metrics, the standard collectors and Faust's sensor on one page), and what its web port shows.
 
-A sink worker runs on the real broker; joined records of two streams, each with one box of a
-distinct colour, are published to its input. Chromium loads /preview/ (its script polls the
-worker and fetches the frames) and takes a screenshot, which must show both boxes' colours.
+A sink worker runs on the real broker, its web port protected by a token; joined records of two
+streams, each with one box of a distinct colour, are published to its input. Chromium loads
+/preview/?token=... (the worker answers with a cookie; the page's script polls the worker and
+fetches the frames with it) and takes a screenshot, which must show both boxes' colours.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -66,16 +68,31 @@ async def publish(settings: Settings, records: list[wire.Joined]) -> None:
         await producer.stop()
 
 
-def get(port: int, path: str) -> bytes:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+TOKEN = uuid.uuid4().hex
+
+
+def get(port: int, path: str, token: str | None = TOKEN) -> bytes:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
         return response.read()
+
+
+def status(port: int, path: str, token: str | None = TOKEN) -> int:
+    try:
+        get(port, path, token)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    return 200
 
 
 @pytest.fixture(scope="module")
 def sink_worker(kafka_bootstrap, tmp_path_factory):
     root = tmp_path_factory.mktemp("preview")
     settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"preview-{uuid.uuid4().hex[:8]}.",
-                        stages=("sink",), web_port=free_port(), data_dir=root / "data", out_dir=root / "out")
+                        stages=("sink",), web_port=free_port(), data_dir=root / "data", out_dir=root / "out",
+                        web_token=TOKEN)
     asyncio.run(ensure_topics(settings))
     worker = Worker("sink", settings, root)
     try:
@@ -97,7 +114,7 @@ def test_preview_page_shows_the_latest_frame_of_each_stream_with_its_boxes(sink_
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          f"--user-data-dir={profile}", "--hide-scrollbars", "--window-size=1400,900",
          "--virtual-time-budget=5000", f"--screenshot={screenshot}",
-         f"http://127.0.0.1:{sink_worker.settings.web_port}/preview/"],
+         f"http://127.0.0.1:{sink_worker.settings.web_port}/preview/?token={TOKEN}"],
         capture_output=True, text=True, timeout=120)
     assert screenshot.exists(), f"chromium made no screenshot:\n{result.stderr[-2000:]}"
     page = cv2.imread(str(screenshot)).astype(int)
@@ -142,3 +159,32 @@ def test_metrics_page_is_prometheus_text_that_agrees_with_the_stats_page(sink_wo
     # The scrapes of this test were seen by Faust's web sensor.
     assert any(sample.labels.get("status_code") == "200" and sample.value > 0
                for sample in families["faust_http_status_codes"].samples)
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses of the sockets listening on ``port`` (the kernel's tables, hex as it
+    writes them: 0100007F is 127.0.0.1)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_the_web_port_listens_on_this_host_only_and_shows_only_the_documented_routes(sink_worker):
+    port = sink_worker.settings.web_port
+    assert listening_addresses(port) == {"0100007F"}
+    stream = "cam1"
+    documented = ["/metrics", "/streamapp/stats/", "/preview/", "/preview/streams.json", f"/preview/frame/{stream}"]
+    assert [status(port, path) for path in documented] == [200] * 5
+    # Faust's own routes: its tables would show the join's waiting frames.
+    faust = ["/", "/table/", "/table/join/", "/router/", "/graph/", "/assignment/", "/performance/"]
+    assert [status(port, path) for path in faust] == [404] * len(faust)
+    assert [status(port, path, token=None) for path in documented] == [401] * 5
+    assert [status(port, path, token="wrong") for path in documented] == [401] * 5
+    # The health checks are exempt by name: whatever they answer, it is never 401.
+    assert 401 not in [status(port, path, token=None) for path in ("/healthz", "/readyz")]
+    assert TOKEN not in sink_worker.log_path.read_text()

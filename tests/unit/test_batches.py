@@ -3,11 +3,13 @@ code consuming a batch acks it, never when it raised, and skipping records fetch
 rebalance."""
 
 import asyncio
+import contextlib
 
 import faust
+import pytest
 from faust.types import Message
 
-from streamapp.batches import Batches, BatchSensors
+from streamapp.batches import Batches, BatchSensors, acked_when_done
 from streamapp.worker.metrics import Metrics, faust_monitor
 
 VALUE = b"v" * 100
@@ -240,5 +242,37 @@ def test_with_the_worker_s_monitor_sensors_count_each_batch_at_once():
         assert (app.monitor.events_total, app.monitor.events_active) == (5, 0)
         assert len(app.monitor.events_runtime) == 5
         await batches.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_an_event_whose_handling_a_stop_cancelled_is_not_acked(guarded):
+    """Faust's own iterator acks the event its loop was handling when a stop cancels the agent
+    (the consumer then commits it, unhandled); acked_when_done leaves it for after the restart."""
+
+    async def scenario():
+        app = _app()
+        channel = app.channel()
+        stream = app.stream(channel)
+        handled = []
+
+        async def agent():
+            events = stream.events()
+            async for event in acked_when_done(events) if guarded else events:
+                handled.append(event)
+                if len(handled) == 2:
+                    await asyncio.sleep(10)  # the stop comes in the middle of this one
+
+        task = asyncio.ensure_future(agent())
+        await asyncio.sleep(0.01)
+        events = await _put(app, channel, 2)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)  # the loop closes the iterators the agent left
+        assert handled == events
+        assert [event.message.acked for event in events] == [True, not guarded]
 
     asyncio.run(scenario())

@@ -1,10 +1,14 @@
 """Property-based tests of every decoder that sees input from outside (R11).
 
 Whatever bytes arrive, a decoder returns a valid record or raises its own error (WireError,
-CorruptFrame) with a reason: never another exception, which would crash the agent on the same
-record again and again. Valid records round-trip exactly.
+CorruptFrame, EntryError, RecordingError) with a reason: never another exception, which would
+crash the agent on the same record again and again. Valid records round-trip exactly. Kafka
+responses read from their chunks decode as they would from their bytes.
 """
 
+import asyncio
+import io
+import itertools
 import json
 import math
 import struct
@@ -12,11 +16,17 @@ import struct
 import cv2
 import numpy as np
 import pytest
+from aiokafka.protocol.fetch import FetchResponse_v4
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from streamapp import wire
 from streamapp.imaging import CorruptFrame, decode_frame, decode_jpeg, encode_jpeg, jpeg_size
 from streamapp.jpeg import check_jpeg
+from streamapp.kafkaread import WHOLE_FROM_BYTES, ChunksReader, ResponseChunks, WholeResponseReader, _ResponseIO
+from streamapp.tables.entry import FORMAT_VERSION, Entry, EntryError, EntryKind, check, peek_times, upgrade_legacy
+from streamapp.tables.store import ChangelogHealth
+from streamapp.tools.replay import format as recording_format
+from streamapp.tools.replay.format import Record, Recording, RecordingError, RecordingWriter
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined, WireError
 
 NOW_MS = 1_700_000_000_000
@@ -277,3 +287,225 @@ def test_a_frame_whose_jpeg_is_not_the_size_it_claims_is_corrupt():
     frame = Frame(FrameId("cam", 1, 0), NOW_MS, 640, 480, JPEG)
     with pytest.raises(CorruptFrame, match="32x24"):
         decode_frame(frame)
+
+
+# --- join entries and changelog records: an entry or EntryError ---------------------------------
+
+DETECTIONS = wire.encode_detections(Detections(FrameId("cam", 1, 0), (), "m", 1.0, 32, 24))
+PAYLOADS = {EntryKind.FRAME: wire.encode_frame(Frame(FrameId("cam", 1, 0), NOW_MS, 32, 24, JPEG)),
+            EntryKind.RESULT: DETECTIONS, EntryKind.JOINED: b"", EntryKind.EXPIRED: b""}
+entries = st.builds(lambda kind, deadline, event: Entry(kind, deadline, PAYLOADS[kind], event),
+                    st.sampled_from(EntryKind.ALL), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+ENTRY_DECODERS = {"Entry.decode": Entry.decode, "peek_times": peek_times, "check": check}
+
+
+class ChangelogMessage:
+    def __init__(self, key, value):
+        self.key, self.value = key, value
+
+
+def _reads_or_raises_entry_error(decoder, value):
+    try:
+        decoder(value)
+    except EntryError as exc:
+        assert str(exc)
+
+
+@pytest.mark.parametrize("name", ENTRY_DECODERS)
+@given(value=st.binary(max_size=80))
+@example(value=b"")
+@example(value=b"\x01F")
+@example(value=b"\x02F" + bytes(16))
+def test_arbitrary_bytes_decode_as_an_entry_or_raise_entry_error(name, value):
+    _reads_or_raises_entry_error(ENTRY_DECODERS[name], value)
+
+
+@given(key=st.none() | st.binary(max_size=8), value=st.none() | st.binary(max_size=80), data=st.data())
+def test_any_changelog_record_is_read_or_raises_entry_error(key, value, data):
+    if value is not None and data.draw(st.booleans()):  # also values that pass the header, or are old
+        value = data.draw(entries).encode()[data.draw(st.integers(0, 1)):] + value
+    health = ChangelogHealth()
+    try:
+        stored_key, stored = health.readable(ChangelogMessage(key, value))
+    except EntryError as exc:
+        assert str(exc)
+        return
+    assert stored_key == key
+    assert stored is None if value is None else check(stored) is not None
+
+
+@given(entry=entries)
+def test_entries_round_trip_and_carry_their_version_first(entry):
+    value = entry.encode()
+    assert value[0] == FORMAT_VERSION
+    assert Entry.decode(value) == entry
+    assert check(value) == peek_times(value) == (entry.kind, entry.deadline_ms, entry.event_ms)
+    assert upgrade_legacy(value) is None
+
+
+@given(entry=entries)
+def test_entries_written_before_the_version_byte_upgrade_to_the_same_entry(entry):
+    legacy = entry.encode()[1:]
+    assert upgrade_legacy(legacy) == entry.encode()
+    assert ChangelogHealth().readable(ChangelogMessage(b"k", legacy)) == (b"k", entry.encode())
+
+
+@given(entry=entries, version=st.integers(0, 255).filter(lambda version: version != FORMAT_VERSION))
+def test_an_entry_of_another_version_is_refused_with_its_version(entry, version):
+    value = bytes((version,)) + entry.encode()[1:]
+    with pytest.raises(EntryError, match=f"format version {version};"):
+        peek_times(value)
+
+
+@given(data=st.data(), entry=entries)
+def test_truncated_or_corrupted_entries_read_or_raise_entry_error(data, entry):
+    value = entry.encode()
+    _reads_or_raises_entry_error(check, value[:data.draw(st.integers(0, len(value)))])
+    position = data.draw(st.integers(0, len(value) - 1))
+    flipped = value[:position] + bytes([value[position] ^ data.draw(st.integers(1, 255))]) + value[position + 1:]
+    _reads_or_raises_entry_error(check, flipped)
+
+
+# --- recordings: records or RecordingError ------------------------------------------------------
+
+names = st.text(max_size=12)
+blobs = st.none() | st.binary(max_size=40)
+recorded = st.builds(Record, names, st.none() | st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1),
+                     st.integers(-2**63, 2**63 - 1), blobs, blobs,
+                     st.lists(st.tuples(names, blobs), max_size=3).map(tuple))
+
+
+def _recording(path, records, topics=None) -> bytes:
+    with RecordingWriter(path, topics or {"frames": 2}) as writer:
+        writer.write_all(records)
+    return path.read_bytes()
+
+
+def _reads_or_raises_recording_error(path, content: bytes) -> list[Record] | None:
+    path.write_bytes(content)
+    try:
+        return list(Recording(path))
+    except RecordingError as exc:
+        assert str(exc).startswith(str(path))
+        return None
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=50)
+@given(records=st.lists(recorded, max_size=4))
+def test_recordings_round_trip(tmp_path, records):
+    path = tmp_path / "round-trip.rec"
+    _recording(path, records)
+    assert list(Recording(path)) == records
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=50)
+@given(content=st.binary(max_size=200), prefixed=st.booleans())
+def test_arbitrary_bytes_read_as_a_recording_or_raise_recording_error(tmp_path, content, prefixed):
+    if prefixed:  # past the magic, into the header and records
+        content = recording_format.MAGIC + bytes((recording_format.VERSION,)) + content
+    _reads_or_raises_recording_error(tmp_path / "arbitrary.rec", content)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=50)
+@given(header=json_values, topics=json_values)
+@example(header={"created_ms": 1}, topics={"frames": math.inf})  # json writes Infinity; int() of it overflows
+@example(header={"created_ms": math.inf}, topics={})
+def test_any_json_header_reads_or_raises_recording_error(tmp_path, header, topics):
+    if isinstance(header, dict):
+        header = {**header, "topics": topics}
+    encoded = json.dumps(header).encode()
+    prefix = struct.pack(">5sBI", recording_format.MAGIC, recording_format.VERSION, len(encoded))
+    _reads_or_raises_recording_error(tmp_path / "header.rec", prefix + encoded + b"E" + bytes(8))
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=50)
+@given(records=st.lists(recorded, min_size=1, max_size=3), data=st.data())
+def test_truncated_or_corrupted_recordings_read_or_raise_recording_error(tmp_path, records, data):
+    content = _recording(tmp_path / "written.rec", records)
+    cut = data.draw(st.integers(0, len(content) - 1))
+    assert _reads_or_raises_recording_error(tmp_path / "cut.rec", content[:cut]) is None
+    position = data.draw(st.integers(0, len(content) - 1))
+    flipped = content[:position] + bytes([content[position] ^ data.draw(st.integers(1, 255))]) + content[position + 1:]
+    _reads_or_raises_recording_error(tmp_path / "flipped.rec", flipped)
+
+
+# --- Kafka responses: read from their chunks as from their bytes --------------------------------
+
+
+@st.composite
+def chunked_responses(draw, max_size=2000):
+    data = draw(st.binary(min_size=1, max_size=max_size))
+    cuts = sorted(draw(st.lists(st.integers(1, len(data)), max_size=8, unique=True)))
+    bounds = [0, *cuts] if cuts and cuts[-1] == len(data) else [0, *cuts, len(data)]
+    pieces = [data[start:end] for start, end in itertools.pairwise(bounds)]
+    pieces[-1] += draw(st.binary(max_size=8))  # the start of the next response, in the same read
+    return data, ResponseChunks(pieces, len(data))
+
+
+@given(response=chunked_responses(), sizes=st.lists(st.integers(-1, 2100), max_size=12))
+def test_reads_from_a_responses_chunks_are_reads_from_its_bytes(response, sizes):
+    data, chunks = response
+    reader, joined = ChunksReader(chunks), io.BytesIO(data)
+    for size in sizes:
+        got = reader.read(size)
+        assert type(got) is bytes and got == joined.read(size)
+
+
+def _decoded(read):
+    try:
+        return FetchResponse_v4.decode(read).to_object()
+    except Exception as exc:  # noqa: BLE001 - aiokafka's own, the same either way
+        return type(exc)
+
+
+@given(response=chunked_responses(max_size=400))
+@example(response=(b"\0" * 12, ResponseChunks([b"\0" * 5, b"\0" * 7], 12)))
+def test_any_fetch_response_decodes_from_its_chunks_as_from_its_bytes(response):
+    data, chunks = response
+    assert _decoded(ChunksReader(chunks)) == _decoded(io.BytesIO(data))
+
+
+@settings(max_examples=30, deadline=None)
+@given(size=st.integers(WHOLE_FROM_BYTES, WHOLE_FROM_BYTES + 4096), extra=st.integers(0, 300),
+       feeds=st.lists(st.integers(500, 200_000), min_size=1, max_size=6),
+       closes=st.booleans())
+def test_a_large_response_fed_in_any_pieces_is_read_exactly(size, extra, feeds, closes):
+    """Whatever pieces the socket delivers, readexactly gives the response's bytes and keeps what
+    follows it for the next read; a connection closed early raises IncompleteReadError only."""
+    data = bytes(range(256)) * ((size + extra) // 256 + 1)
+    sent = data[:size + extra] if not closes else data[:size - 1]
+
+    async def read() -> tuple[bytes, bytes]:
+        reader = WholeResponseReader(limit=2**16)
+        reader.set_transport(_NoTransport())
+
+        async def feed():
+            at, pieces = 0, itertools.cycle(feeds)
+            while at < len(sent):
+                piece = next(pieces)
+                reader.feed_data(sent[at:at + piece])
+                at += piece
+                await asyncio.sleep(0)
+            reader.feed_eof()
+
+        feeding = asyncio.ensure_future(feed())
+        response = await reader.readexactly(size)
+        rest = await reader.read()
+        await feeding
+        return _ResponseIO.BytesIO(response).read(), rest
+
+    if closes:
+        with pytest.raises(asyncio.IncompleteReadError):
+            asyncio.run(read())
+    else:
+        assert asyncio.run(read()) == (data[:size], data[size:size + extra])
+
+
+class _NoTransport:
+    """What asyncio's reader asks of its transport when it pauses and resumes reading."""
+
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass

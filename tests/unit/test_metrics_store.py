@@ -8,7 +8,7 @@ import rocksdict
 
 from streamapp.tables.entry import HEADER_BYTES, Entry, EntryKind
 from streamapp.tables.memory import shared_rocks_memory
-from streamapp.tables.store import EXPIRY_FAMILY, JoinPartition
+from streamapp.tables.store import EXPIRY_FAMILY, ChangelogHealth, JoinPartition
 from streamapp.tables.window import JoinWindow
 
 
@@ -65,10 +65,11 @@ def test_reopened_partition_recounts_pending_totals(tmp_path):
 
 
 class _Store:
-    """The store side JoinWindow.gauges reads: owned partitions and disk bytes."""
+    """The store side JoinWindow.gauges reads: owned partitions, disk bytes, changelog health."""
 
     def __init__(self, partitions) -> None:
         self.partitions = partitions
+        self.changelog_health = ChangelogHealth(skipped=2)
 
     def active_partitions(self):
         return iter(enumerate(self.partitions))
@@ -95,6 +96,10 @@ def test_window_gauges_sum_owned_partitions_and_age_the_oldest_pending_entry(tmp
             "join_pairs_completed_in_batch_total": 3,
             "join_oldest_pending_age_seconds": 2.0,
             "join_next_expiry_seconds": 1.0,
+            "join_changelog_records_skipped_total": 2,
+            "join_changelog_records_upgraded_total": 0,
+            "join_recovery_failures_total": 0,
+            "join_recovery_failure_active": 0,
             "rocksdb_disk_bytes": 4096,
             "rocksdb_memory_bytes": 2048,
         }

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import cv2
 import numpy as np
+
+from streamapp.opencv import cv2
 
 WIDTH, HEIGHT = 960, 480
 LEFT, RIGHT, TOP, BOTTOM = 90, 20, 50, 50

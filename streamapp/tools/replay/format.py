@@ -181,7 +181,7 @@ def _read_header(file: BinaryIO, path: Path) -> RecordingHeader:
         header = json.loads(file.read(length))
         topics = {str(name): int(count) for name, count in header["topics"].items()}
         return RecordingHeader(topics, int(header["created_ms"]), str(header.get("note", "")))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:  # OverflowError: int(Infinity)
         raise RecordingError(f"{path}: unreadable header: {exc}") from None
 
 
