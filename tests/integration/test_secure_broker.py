@@ -19,11 +19,12 @@ TOPIC_AUTHORIZATION_FAILED = 29
 
 
 async def create_topics(secure_kafka, user: str, *names: str) -> dict[str, int]:
-    """Each topic's error code when ``user`` creates it (0: created)."""
+    """Each topic's error code when ``user`` creates it (0: created), with the pipeline's partition
+    count: the session's other tests create or verify the same topics on this broker."""
     admin = AIOKafkaAdminClient(bootstrap_servers=secure_kafka.bootstrap, **secure_kafka.client_options(user))
     await admin.start()
     try:
-        response = await admin.create_topics([NewTopic(name, 1, 1) for name in names])
+        response = await admin.create_topics([NewTopic(name, secure_kafka.settings.partitions, 1) for name in names])
     finally:
         await admin.close()
     return {error["topic"]: error["error_code"] for error in response.to_object()["topic_errors"]}
