@@ -1,7 +1,8 @@
 """Client options for a secured Kafka (R18), built once from :class:`~streamapp.settings.KafkaSecurity`
 for every client: aiokafka's keyword arguments (:func:`client_options`), Faust's
-``broker_credentials`` (:func:`broker_credentials`), and Java client properties
-(:func:`java_properties`, for the Kafka Streams benchmark).
+``broker_credentials`` (:func:`broker_credentials`), Java client properties
+(:func:`java_properties`, for the Kafka Streams benchmark) and librdkafka's configuration
+(:func:`librdkafka_config`, for confluent-kafka clients such as the Quix Streams benchmark).
 
 OAUTHBEARER tokens come from an OAuth 2 token endpoint by the client-credentials grant
 (:class:`ClientCredentialsTokens`), fetched once and refreshed before they expire.
@@ -194,3 +195,30 @@ def java_properties(security: KafkaSecurity) -> dict[str, str]:
     elif security.mechanism == "OAUTHBEARER":
         raise SettingsError("the Kafka Streams benchmark does not support STREAMAPP_SASL_MECHANISM=OAUTHBEARER")
     return properties
+
+
+def librdkafka_config(security: KafkaSecurity) -> dict[str, str]:
+    """The same security as librdkafka configuration (confluent-kafka's clients). PEM files are
+    read as they are; OAUTHBEARER tokens come from librdkafka's own client-credentials grant
+    (``sasl.oauthbearer.method=oidc``) at STREAMAPP_OAUTH_TOKEN_URL."""
+    config = {"security.protocol": security.protocol}
+    if security.uses_tls:
+        config["enable.ssl.certificate.verification"] = "true"
+        config["ssl.endpoint.identification.algorithm"] = "https" if security.check_hostname else "none"
+        optional = {"ssl.ca.location": security.ca_file, "ssl.certificate.location": security.cert_file,
+                    "ssl.key.location": security.key_file,
+                    "ssl.key.password": security.key_password.value if security.key_password else None}
+        config.update({key: str(value) for key, value in optional.items() if value is not None})
+    if security.mechanism == "OAUTHBEARER":
+        assert security.token_url and security.client_id and security.client_secret  # checked by KafkaSecurity
+        config.update({"sasl.mechanisms": "OAUTHBEARER", "sasl.oauthbearer.method": "oidc",
+                       "sasl.oauthbearer.token.endpoint.url": security.token_url,
+                       "sasl.oauthbearer.client.id": security.client_id,
+                       "sasl.oauthbearer.client.secret": security.client_secret.value})
+        if security.scope:
+            config["sasl.oauthbearer.scope"] = security.scope
+    elif security.mechanism is not None:
+        assert security.username is not None and security.password is not None  # checked by KafkaSecurity
+        config.update({"sasl.mechanisms": security.mechanism, "sasl.username": security.username,
+                       "sasl.password": security.password.value})
+    return config

@@ -1,5 +1,6 @@
 """``streamapp bench join`` end to end on a small input: its own broker, the plain copy, Kafka
-Streams (unless Maven cannot build it here) and the join worker, backlog and one live rate.
+Streams (unless Maven cannot build it here), Quix Streams and the join worker, backlog and one
+live rate.
 
 Asserts what the bench counts, not how fast anything is.
 """
@@ -22,8 +23,8 @@ def systems_that_build() -> tuple[str, ...]:
     try:
         kstreams.ensure_build()
     except BrokerError:
-        return ("copy", "streamapp", "streamapp-tls")
-    return ("copy", "kstreams", "streamapp", "streamapp-tls")
+        return ("copy", "quix", "streamapp", "streamapp-tls")
+    return ("copy", "kstreams", "quix", "streamapp", "streamapp-tls")
 
 
 @pytest.mark.kafka
@@ -44,9 +45,10 @@ def test_bench_join_runs_every_system_and_writes_its_report(tmp_path):
         assert backlog["pairs_out"] == PAIRS and backlog["pairs_per_s"] > 0 and backlog["peak_rss_bytes"] > 0
         assert backlog["cpu_s_per_1k_pairs"] > 0
         assert step["pairs"] == 200 and step["latency_s"]["count"] > 0
-    if "kstreams" in systems:
-        assert report["systems"]["kstreams"]["backlog"]["joined_fraction"] == 1.0
-        assert report["systems"]["kstreams"]["backlog"]["peak_pending_bytes"] > 0
+    for name in {"kstreams", "quix"} & set(systems):
+        assert report["systems"][name]["backlog"]["joined_fraction"] == 1.0, name
+        assert report["systems"][name]["backlog"]["frames_out_twice"] == 0, name
+        assert report["systems"][name]["backlog"]["peak_pending_bytes"] > 0, name
     ours = report["systems"]["streamapp"]["backlog"]
     assert ours["joined"] + ours["unmatched"] == PAIRS  # every frame left the join once
     # The worker over SASL_SSL on its own broker, beside the PLAINTEXT one: the report's ratios.

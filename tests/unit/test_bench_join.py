@@ -6,6 +6,7 @@ from __future__ import annotations
 import cv2
 import pytest
 
+from streamapp.tools.bench import quixjoin
 from streamapp.tools.bench.join import Bench, JoinBenchOptions, Outputs, parse_join_key
 from streamapp.tools.bench.join_report import (
     backlog_summary,
@@ -15,6 +16,7 @@ from streamapp.tools.bench.join_report import (
     lag_slope,
     markdown,
     max_sustained,
+    ratios,
     refine_rate,
     step_summary,
 )
@@ -210,3 +212,22 @@ def test_a_pair_is_out_once_its_frame_and_its_result_are():
     assert outputs.pairs == 1 and outputs.frames_out_twice == 0
     outputs.frames += 1                        # the same frame again, unmatched this time
     assert outputs.pairs == 1 and outputs.frames_out_twice == 1
+
+
+def test_ratios_against_quix_streams_are_backlog_cpu_live_and_memory():
+    def system(pairs_per_s: float, cpu: float, rss: int, live: float) -> dict:
+        return {"backlog": {"pairs_per_s": pairs_per_s, "cpu_s_per_1k_pairs": cpu, "peak_rss_bytes": rss},
+                "live": {"max_sustained": {"rate": live}}}
+
+    found = ratios({"quix": system(4000.0, 0.2, 1000, 150.0), "streamapp": system(6000.0, 0.1, 400, 1800.0)})
+    assert (found["backlog_vs_quix"], found["cpu_per_pair_vs_quix"], found["live_max_vs_quix"],
+            found["peak_rss_vs_quix"]) == (1.5, 0.5, 12.0, 0.4)
+    assert ratios({"streamapp": system(6000.0, 0.1, 400, 1800.0)})["backlog_vs_quix"] is None
+
+
+@pytest.mark.parametrize("value", [b"\x01{\"frame\": 1}", b"", 7, {"counter": 2**40}])
+def test_the_quix_join_stores_record_bytes_raw_and_its_own_values_as_json(value):
+    stored = quixjoin.dumps(value)
+    assert quixjoin.loads(stored) == value
+    if isinstance(value, bytes):
+        assert stored == quixjoin.RAW + value  # a frame is stored once, not escaped into JSON

@@ -1,6 +1,6 @@
 """The connection security block (STREAMAPP_SECURITY_PROTOCOL and the rest): validated at start in
-one line, secrets never shown, the same options for aiokafka, Faust and Java; the OAUTHBEARER
-token provider against a real HTTP token endpoint started here."""
+one line, secrets never shown, the same options for aiokafka, Faust, Java and librdkafka; the
+OAUTHBEARER token provider against a real HTTP token endpoint started here."""
 
 from __future__ import annotations
 
@@ -119,6 +119,32 @@ def test_java_properties_carry_the_same_security():
     assert properties["ssl.truststore.location"] == "/etc/hostname"
     assert properties["sasl.jaas.config"] == ('org.apache.kafka.common.security.scram.ScramLoginModule required '
                                               'username="pipeline" password="hunter2-secret";')
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, {"security.protocol": "PLAINTEXT"}),
+    ({**SCRAM, "STREAMAPP_SSL_CA_FILE": "/etc/hostname"},
+     {"security.protocol": "SASL_SSL", "enable.ssl.certificate.verification": "true",
+      "ssl.endpoint.identification.algorithm": "https", "ssl.ca.location": "/etc/hostname",
+      "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "pipeline", "sasl.password": "hunter2-secret"}),
+    ({"STREAMAPP_SECURITY_PROTOCOL": "SSL", "STREAMAPP_SSL_CHECK_HOSTNAME": "false",
+      "STREAMAPP_SSL_CERT_FILE": "/etc/hostname", "STREAMAPP_SSL_KEY_FILE": "/etc/hosts",
+      "STREAMAPP_SSL_KEY_PASSWORD": "key-secret"},
+     {"security.protocol": "SSL", "enable.ssl.certificate.verification": "true",
+      "ssl.endpoint.identification.algorithm": "none", "ssl.certificate.location": "/etc/hostname",
+      "ssl.key.location": "/etc/hosts", "ssl.key.password": "key-secret"}),
+    ({**SCRAM, "STREAMAPP_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "STREAMAPP_SASL_MECHANISM": "PLAIN"},
+     {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN", "sasl.username": "pipeline",
+      "sasl.password": "hunter2-secret"}),
+    ({**OAUTH, "STREAMAPP_OAUTH_SCOPE": "kafka"},
+     {"security.protocol": "SASL_SSL", "enable.ssl.certificate.verification": "true",
+      "ssl.endpoint.identification.algorithm": "https", "sasl.mechanisms": "OAUTHBEARER",
+      "sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.token.endpoint.url": "https://login.example/token",
+      "sasl.oauthbearer.client.id": "streamapp", "sasl.oauthbearer.client.secret": "hunter2-secret",
+      "sasl.oauthbearer.scope": "kafka"}),
+])
+def test_librdkafka_config_carries_the_same_security(env, expected):
+    assert kafkasecurity.librdkafka_config(Settings.from_env(env).security) == expected
 
 
 def verification_error(code: int, message: str) -> ssl.SSLCertVerificationError:

@@ -1,8 +1,8 @@
-"""``streamapp bench join``: three systems on one local broker and the same bytes, one after the
+"""``streamapp bench join``: four systems on one local broker and the same bytes, one after the
 other — a plain aiokafka consumer→producer copy (the limit), a Kafka Streams KStream–KStream join,
-and this project's join worker (``faust -A streamapp.app worker`` with ``STREAMAPP_STAGES=join``).
-On request a fourth, the same worker over SASL_SSL (SCRAM-SHA-512) on a second local broker that
-takes only that, started beside the first for the whole run.
+a Quix Streams interval join, and this project's join worker (``faust -A streamapp.app worker``
+with ``STREAMAPP_STAGES=join``). On request a fifth, the same worker over SASL_SSL (SCRAM-SHA-512)
+on a second local broker that takes only that, started beside the first for the whole run.
 
 Each system gets fresh topics per phase and runs as its own process, so its CPU and RSS come from
 /proc the same way. Phases:
@@ -37,9 +37,9 @@ from pathlib import Path
 
 from streamapp import wire
 from streamapp.settings import Settings
-from streamapp.tools.bench import copy, join_report, kstreams
+from streamapp.tools.bench import copy, join_report, kstreams, quixjoin
 from streamapp.tools.bench.pairs import RESULT_LAG, Cameras, PairLoad, create_plain_topics, load_producer
-from streamapp.tools.bench.sampler import cpu_seconds_of, rss_of
+from streamapp.tools.bench.sampler import cpu_seconds_of, directory_bytes, rss_of
 from streamapp.tools.harness import delete_topics, follow, own_broker
 from streamapp.tools.localkafka.common import KAFKA_VERSION
 from streamapp.tools.localkafka.jars import check_java
@@ -57,7 +57,7 @@ QUIET_AFTER_TTL_S = 5.0
 WARMUP_FRACTION = 0.1
 
 
-SYSTEMS = ("copy", "kstreams", "streamapp")
+SYSTEMS = ("copy", "kstreams", "quix", "streamapp")
 # The worker over TLS and SASL: not run unless asked for (`--systems ... streamapp-tls`).
 TLS_SYSTEM = "streamapp-tls"
 DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0, 2250.0, 2700.0, 3150.0, 3600.0,
@@ -228,6 +228,26 @@ class KafkaStreamsJoin(System):
         return Running(process, pending=lambda: kstreams.last_rocksdb_bytes(process.log_path))
 
 
+class QuixStreamsJoin(System):
+    name = "quix"
+    label = "Quix Streams"
+    pending_measure = "the size of its state directory (RocksDB files of both join stores)"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        if installed_version("quixstreams") is None:
+            raise RuntimeError("Quix Streams is not installed: pip install 'streamapp[bench]'")
+
+    def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
+        state = scratch / "state"
+        state.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "streamapp.tools.bench.quixjoin", f"{topics.prefix}quix", topics.frames,
+                topics.results, topics.output, str(state), str(int(self.settings.join_ttl_s * 1000))]
+        process = Process("Quix Streams join", argv, logs / "quix.log", quixjoin.READY_MARKER,
+                          env={**os.environ, **self.settings.to_env()})
+        return Running(process, pending=lambda: directory_bytes(state))
+
+
 class StreamappJoin(System):
     name = "streamapp"
     label = "streamapp join worker"
@@ -275,7 +295,8 @@ def _stats(worker: Worker) -> dict:
 
 
 SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStreamsJoin,
-                                         "streamapp": StreamappJoin, TLS_SYSTEM: StreamappJoinOverTls}
+                                         "quix": QuixStreamsJoin, "streamapp": StreamappJoin,
+                                         TLS_SYSTEM: StreamappJoinOverTls}
 
 
 # --------------------------------------------------------------------------------------------
@@ -575,4 +596,13 @@ def versions() -> dict:
     return {"kafka_broker": KAFKA_VERSION, "kafka_streams": kstreams.KAFKA_STREAMS_VERSION,
             "kstreams_jvm": shlex.join(kstreams.JVM_OPTIONS[:2]),
             "java": (java.stderr or java.stdout).splitlines()[0], "python": platform.python_version(),
-            "faust": importlib.metadata.version("faust-streaming"), "aiokafka": importlib.metadata.version("aiokafka")}
+            "faust": importlib.metadata.version("faust-streaming"), "aiokafka": importlib.metadata.version("aiokafka"),
+            "quixstreams": installed_version("quixstreams"), "confluent_kafka": installed_version("confluent-kafka")}
+
+
+def installed_version(distribution: str) -> str | None:
+    """The version of an optional dependency (the bench extra), None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

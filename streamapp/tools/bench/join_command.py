@@ -19,14 +19,16 @@ from streamapp.tools.arguments import (
 from streamapp.tools.bench.join import DEFAULT_RATES, SYSTEMS, TLS_SYSTEM, JoinBenchOptions, run_join_bench
 from streamapp.tools.bench.join_report import markdown
 
-HELP = "the join side by side with Kafka Streams and a plain copy, on one broker and the same bytes"
+HELP = ("the join side by side with Kafka Streams, Quix Streams and a plain copy, on one broker and the "
+        "same bytes")
 
 
 def configure(join: argparse.ArgumentParser) -> None:
     join.description = (
         "Start a local broker and run, one after the other on the same bytes: a plain aiokafka "
         "consumer->producer copy (the limit), a Kafka Streams KStream-KStream join (built with Maven on "
-        "first use) and this project's join worker. Each drains a preloaded backlog, then takes paced "
+        "first use), a Quix Streams interval join (the bench extra) and this project's join worker. Each "
+        "drains a preloaded backlog, then takes paced "
         "live input at rising rates. Writes report.json, report.md and join.png under --out.")
     join.add_argument("--pairs", type=count_arg, default=20_000,
                       help="frame/result pairs in the backlog (default 20000)")
@@ -46,13 +48,14 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help="times a step not sustained is tried again once the system has caught up; a rate "
                            "counts as sustained when one of its tries is (default 1)")
     join.add_argument("--ttl", type=seconds_arg, default=5.0,
-                      help="join window of Kafka Streams and STREAMAPP_JOIN_TTL of the worker (default 5)")
+                      help="join window of Kafka Streams and Quix Streams, and STREAMAPP_JOIN_TTL of the worker "
+                           "(default 5)")
     join.add_argument("--streams", type=count_arg, default=1,
                       help="cameras sharing each rate, e.g. 10 for 150 pairs/s as 10 cameras at 15 fps (default 1)")
     join.add_argument("--size", type=resolution_arg, default=(640, 480),
                       help="frame size WIDTHxHEIGHT (default 640x480)")
     join.add_argument("--systems", nargs="+", choices=[*SYSTEMS, TLS_SYSTEM], default=list(SYSTEMS),
-                      help=f"which systems to run, in this order (default: the first three); {TLS_SYSTEM} is "
+                      help=f"which systems to run, in this order (default: the first four); {TLS_SYSTEM} is "
                            "the worker over SASL_SSL (SCRAM-SHA-512) on a second local broker, e.g. "
                            f"`--systems streamapp {TLS_SYSTEM}` for the cost of TLS and SASL")
     join.add_argument("--drain-timeout", type=seconds_arg, default=300.0,

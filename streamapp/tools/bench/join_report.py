@@ -161,7 +161,7 @@ def build_report(options: dict, versions: dict, systems: dict[str, dict], machin
 
 
 def ratios(systems: dict[str, dict]) -> dict:
-    """This project's join against Kafka Streams and against the plain copy."""
+    """This project's join against Kafka Streams, Quix Streams and the plain copy."""
     def backlog(name: str) -> float | None:
         return (systems.get(name, {}).get("backlog") or {}).get("pairs_per_s")
 
@@ -174,9 +174,16 @@ def ratios(systems: dict[str, dict]) -> dict:
     def cpu_per_pair(name: str, whose: str = "cpu_s_per_1k_pairs") -> float | None:
         return (systems.get(name, {}).get("backlog") or {}).get(whose)
 
+    def peak_rss(name: str) -> float | None:
+        return (systems.get(name, {}).get("backlog") or {}).get("peak_rss_bytes")
+
     return {"backlog_vs_kstreams": ratio(backlog("streamapp"), backlog("kstreams")),
             "backlog_vs_copy": ratio(backlog("streamapp"), backlog("copy")),
             "live_max_vs_kstreams": ratio(live("streamapp"), live("kstreams")),
+            "backlog_vs_quix": ratio(backlog("streamapp"), backlog("quix")),
+            "cpu_per_pair_vs_quix": ratio(cpu_per_pair("streamapp"), cpu_per_pair("quix")),
+            "live_max_vs_quix": ratio(live("streamapp"), live("quix")),
+            "peak_rss_vs_quix": ratio(peak_rss("streamapp"), peak_rss("quix")),
             # Over SASL_SSL against PLAINTEXT (None unless both ran).
             "tls_backlog_vs_plaintext": ratio(backlog("streamapp-tls"), backlog("streamapp")),
             "tls_cpu_per_pair_vs_plaintext": ratio(cpu_per_pair("streamapp-tls"), cpu_per_pair("streamapp")),
@@ -189,7 +196,7 @@ def markdown(report: dict) -> str:
     load = " / ".join(f"{value:.2f}" for value in machine_info["load_average"])
     load_end = " / ".join(f"{value:.2f}" for value in machine_info["load_average_at_end"])
     lines = [
-        "# Join benchmark: plain copy, Kafka Streams, streamapp",
+        "# Join benchmark: plain copy, Kafka Streams, Quix Streams, streamapp",
         "",
         f"`{options['command']}`",
         "",
@@ -199,8 +206,9 @@ def markdown(report: dict) -> str:
         "",
         f"One local Apache Kafka {versions['kafka_broker']} broker (KRaft, one node) on 127.0.0.1, "
         f"{options['partitions']} partitions per topic. Kafka Streams {versions['kafka_streams']} on "
-        f"{versions['java']} (one stream thread, {versions['kstreams_jvm']}); faust-streaming "
-        f"{versions['faust']}, aiokafka {versions['aiokafka']}, Python {versions['python']}.",
+        f"{versions['java']} (one stream thread, {versions['kstreams_jvm']}); Quix Streams "
+        f"{versions.get('quixstreams') or '–'} on confluent-kafka {versions.get('confluent_kafka') or '–'}; "
+        f"faust-streaming {versions['faust']}, aiokafka {versions['aiokafka']}, Python {versions['python']}.",
         "",
         f"Input: frame/result pairs from {options['streams']} camera(s) sharing the rate, "
         f"{options['width']}×{options['height']} JPEG frames "
