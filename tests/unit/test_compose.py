@@ -366,8 +366,7 @@ def test_cluster_workers_run_several_replicas_each_with_its_own_data():
 
 
 def test_every_install_is_pinned_by_the_constraints_file():
-    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
-                if line and not line.startswith("#"))
+    pins = constraint_pins()
     assert {"faust-streaming", "aiokafka", "rocksdict", "numpy", "opencv-python-headless"} <= set(pins)
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     required = [re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0] for spec in
@@ -376,6 +375,20 @@ def test_every_install_is_pinned_by_the_constraints_file():
     assert [name for name in required if _normalized(name) not in pinned] == [], "not pinned in constraints.txt"
     assert "-c constraints.txt" in (REPO / "run").read_text()
     assert "-c /src/constraints.txt" in (REPO / "Dockerfile").read_text()
+
+
+def test_the_libraries_the_project_reaches_inside_are_pinned_exactly_as_tested():
+    # A plain `pip install .` (no constraints file) must install these at the tested versions.
+    pins = constraint_pins()
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    exact = dict(spec.split("==") for spec in dependencies if "==" in spec)
+    assert set(exact) == {"faust-streaming", "mode-streaming", "aiokafka", "prometheus_client"}
+    assert {name: pins[name] for name in exact} == exact
+
+
+def constraint_pins() -> dict[str, str]:
+    return dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
 
 
 def _normalized(name: str) -> str:
