@@ -49,5 +49,5 @@ def test_bench_join_runs_every_system_and_writes_its_report(tmp_path):
         assert report["systems"]["kstreams"]["backlog"]["peak_pending_bytes"] > 0
     ours = report["systems"]["streamapp"]["backlog"]
     assert ours["joined"] + ours["unmatched"] == PAIRS  # every frame left the join once
-    # The worker over SASL_SSL on its own broker, beside the PLAINTEXT one: the report's ratios.
+    # The worker over the broker's SASL_SSL listener, the load and reader on PLAINTEXT: the ratios.
     assert report["ratios"]["tls_backlog_vs_plaintext"] > 0 and report["ratios"]["tls_cpu_per_pair_vs_plaintext"] > 0
