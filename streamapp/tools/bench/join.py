@@ -214,8 +214,8 @@ class KafkaStreamsJoin(System):
     label = f"Kafka Streams {kstreams.KAFKA_STREAMS_VERSION}"
     pending_measure = "RocksDB memtables + SST files of its window stores (its own RocksDB metrics)"
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: Settings, secured: Settings | None = None) -> None:
+        super().__init__(settings, secured)
         self.build = kstreams.ensure_build()
 
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
