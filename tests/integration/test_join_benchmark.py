@@ -51,5 +51,11 @@ def test_bench_join_runs_every_system_and_writes_its_report(tmp_path):
         assert report["systems"][name]["backlog"]["peak_pending_bytes"] > 0, name
     ours = report["systems"]["streamapp"]["backlog"]
     assert ours["joined"] + ours["unmatched"] == PAIRS  # every frame left the join once
-    # The worker over SASL_SSL on its own broker, beside the PLAINTEXT one: the report's ratios.
+    # The worker over the broker's SASL_SSL listener, the load and reader on PLAINTEXT: the ratios.
     assert report["ratios"]["tls_backlog_vs_plaintext"] > 0 and report["ratios"]["tls_cpu_per_pair_vs_plaintext"] > 0
+    # Only the worker under test meets the SASL_SSL listener (advertised as localhost): the other
+    # worker, and every load and reader, the PLAINTEXT one on 127.0.0.1.
+    worker_log = {name: (tmp_path / "logs" / f"{name}-backlog" / "join.log").read_text()
+                  for name in ("streamapp", "streamapp-tls")}
+    for name, listener, other in (("streamapp-tls", "localhost", "127.0.0.1"), ("streamapp", "127.0.0.1", "localhost")):
+        assert f"kafka://{listener}:" in worker_log[name] and f"kafka://{other}:" not in worker_log[name], name

@@ -433,6 +433,21 @@ def test_a_secured_broker_takes_sasl_ssl_clients_only_advertised_as_localhost(tm
     assert "authorizer.class.name" not in props
 
 
+def test_a_plaintext_port_adds_a_plaintext_listener_beside_the_secured_one(tmp_path):
+    security = BrokerSecurity(tmp_path / "security", plaintext_port=19094)
+    security.ensure()
+    broker = LocalBroker(tmp_path, 19092, security=security)
+    props = broker.properties(controller_port=19093)
+    assert props["listeners"] == ("SASL_SSL://127.0.0.1:19092,PLAINTEXT://127.0.0.1:19094,"
+                                  "CONTROLLER://127.0.0.1:19093")
+    assert props["advertised.listeners"] == "SASL_SSL://localhost:19092,PLAINTEXT://127.0.0.1:19094"
+    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    assert props["inter.broker.listener.name"] == "SASL_SSL"
+    assert broker.bootstrap == "localhost:19092"
+    broker._write_properties(19093)
+    assert broker.status().protocol == "SASL_SSL"  # what `broker status` names: the secured listener
+
+
 def test_with_acls_admin_is_the_super_user_besides_the_controller_listener(tmp_path):
     props = secured(tmp_path, acls_for=Settings()).properties(controller_port=19093)
     assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"

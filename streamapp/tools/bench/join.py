@@ -1,8 +1,10 @@
 """``streamapp bench join``: four systems on one local broker and the same bytes, one after the
 other — a plain aiokafka consumer→producer copy (the limit), a Kafka Streams KStream–KStream join,
 a Quix Streams interval join, and this project's join worker (``faust -A streamapp.app worker``
-with ``STREAMAPP_STAGES=join``). On request a fifth, the same worker over SASL_SSL (SCRAM-SHA-512)
-on a second local broker that takes only that, started beside the first for the whole run.
+with ``STREAMAPP_STAGES=join``). On request a fifth, the same worker over SASL_SSL (SCRAM-SHA-512):
+the broker then has a SASL_SSL listener beside its PLAINTEXT one, and only that worker uses it. The
+load and the output reader of every system stay on PLAINTEXT, so their TLS is not charged to the
+machine the worker shares.
 
 Each system gets fresh topics per phase and runs as its own process, so its CPU and RSS come from
 /proc the same way. Phases:
@@ -146,10 +148,11 @@ class System:
     label: str
     joins = True
     pending_measure: str | None = None
-    secured = False  # connects to the SASL_SSL broker
+    secured = False  # the system itself connects over SASL_SSL
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, secured: Settings | None = None) -> None:
+        self.settings = settings  # the load's, the reader's and the topics' connection
+        self.secured_settings = secured
 
     def key_of(self, frame_id: wire.FrameId) -> bytes:
         return frame_id.join_key()
@@ -212,8 +215,8 @@ class KafkaStreamsJoin(System):
     label = f"Kafka Streams {kstreams.KAFKA_STREAMS_VERSION}"
     pending_measure = "RocksDB memtables + SST files of its window stores (its own RocksDB metrics)"
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: Settings, secured: Settings | None = None) -> None:
+        super().__init__(settings, secured)
         self.build = kstreams.ensure_build()
 
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
@@ -285,6 +288,11 @@ class StreamappJoinOverTls(StreamappJoin):
     name = TLS_SYSTEM
     label = "streamapp join worker over SASL_SSL"
     secured = True
+
+    def worker_settings(self, prefix: str) -> Settings:
+        assert self.secured_settings is not None, "a secured system without the SASL_SSL listener"
+        return super().worker_settings(prefix).replace(broker=self.secured_settings.broker,
+                                                       security=self.secured_settings.security)
 
 
 def _stats(worker: Worker) -> dict:
@@ -390,16 +398,16 @@ async def wait_drained(outputs: Outputs, expected: int, quiet_s: float, timeout_
 
 
 class Bench:
-    """One run: the brokers' settings (``secured``: the SASL_SSL one's), the options, where scratch
-    state and logs go."""
+    """One run: the broker's settings (``secured``: its SASL_SSL listener's), the options, where
+    scratch state and logs go."""
 
     def __init__(self, options: JoinBenchOptions, settings: Settings, scratch: Path, log_dir: Path,
-                 secured: Settings | None = None, broker_pids: dict[str, int] | None = None) -> None:
+                 secured: Settings | None = None, broker_pid: int | None = None) -> None:
         self.options = options
         self.settings = settings
         self.secured = secured
-        # By bootstrap servers: the broker's CPU in a drain (over TLS it encrypts what it sends).
-        self.broker_pids = broker_pids or {}
+        # The broker's CPU in a drain (over TLS it encrypts what it sends the worker).
+        self.broker_pid = broker_pid
         self.scratch = scratch
         self.log_dir = log_dir
         self.run_id = new_epoch()
@@ -452,7 +460,7 @@ class Bench:
             running = start()
             async with observing(system.settings, system, topics, running, load) as (outputs, sampler):
                 await wait_ready(running, system.label)
-                broker_pid = self.broker_pids.get(system.settings.bootstrap_servers)
+                broker_pid = self.broker_pid
                 ready_at, cpu_at_ready = time.monotonic(), cpu_seconds_of(running.pid)
                 broker_cpu_at_ready = cpu_seconds_of(broker_pid) if broker_pid else None
                 await wait_drained(outputs, options.pairs, self.quiet_s, options.drain_timeout_s)
@@ -537,9 +545,7 @@ class Bench:
         system_type = SYSTEM_TYPES[name]
         result: dict = {"label": system_type.label, "pending_measure": system_type.pending_measure}
         try:
-            settings = self.secured if system_type.secured else self.settings
-            assert settings is not None, "a secured system without the SASL_SSL broker"
-            system = system_type(settings)
+            system = system_type(self.settings, self.secured)
             result["backlog"] = await self.backlog(system)
             result["live"] = await self.live(system)
         except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' numbers
@@ -559,20 +565,17 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
     machine_at_start = join_report.describe_machine()
     systems: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-join-") as scratch, contextlib.ExitStack() as brokers:
-        broker = own_broker(Path(scratch) / "broker", notify=notify)
-        brokers.callback(broker.stop)
-        settings = Settings.from_env().replace(broker=f"kafka://{broker.bootstrap}", join_ttl_s=options.ttl_s)
-        pids = {broker.bootstrap: broker.status().pid}
-        secured = None
+        security = None
         if any(SYSTEM_TYPES[name].secured for name in options.systems):
-            security = BrokerSecurity(Path(scratch) / "broker-tls" / "security")
-            secure_broker = own_broker(Path(scratch) / "broker-tls", notify=notify, security=security)
-            brokers.callback(secure_broker.stop)
-            secured = settings.replace(broker=f"kafka://{secure_broker.bootstrap}", security=Settings.from_env(
-                security.client_env(secure_broker.bootstrap, ADMIN)).security)
-            pids[secure_broker.bootstrap] = secure_broker.status().pid
-        bench = Bench(options, settings, Path(scratch), log_dir, secured,
-                      {bootstrap: pid for bootstrap, pid in pids.items() if pid is not None})
+            # One broker, two listeners: both workers read the same warmed-up JVM and page cache.
+            security = BrokerSecurity(Path(scratch) / "broker" / "security", plaintext_port=free_port())
+        broker = own_broker(Path(scratch) / "broker", notify=notify, security=security)
+        brokers.callback(broker.stop)
+        plaintext = f"127.0.0.1:{security.plaintext_port}" if security else broker.bootstrap
+        settings = Settings.from_env().replace(broker=f"kafka://{plaintext}", join_ttl_s=options.ttl_s)
+        secured = settings.replace(broker=f"kafka://{broker.bootstrap}", security=Settings.from_env(
+            security.client_env(broker.bootstrap, ADMIN)).security) if security else None
+        bench = Bench(options, settings, Path(scratch), log_dir, secured, broker.status().pid)
         for name in options.systems:
             notify(f"bench join: {SYSTEM_TYPES[name].label}")
             systems[name] = asyncio.run(bench.run_system(name))

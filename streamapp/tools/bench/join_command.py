@@ -56,7 +56,8 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help="frame size WIDTHxHEIGHT (default 640x480)")
     join.add_argument("--systems", nargs="+", choices=[*SYSTEMS, TLS_SYSTEM], default=list(SYSTEMS),
                       help=f"which systems to run, in this order (default: the first four); {TLS_SYSTEM} is "
-                           "the worker over SASL_SSL (SCRAM-SHA-512) on a second local broker, e.g. "
+                           "the worker over SASL_SSL (SCRAM-SHA-512) on a second listener of the same broker "
+                           "(the load and the reader stay on PLAINTEXT), e.g. "
                            f"`--systems streamapp {TLS_SYSTEM}` for the cost of TLS and SASL")
     join.add_argument("--drain-timeout", type=seconds_arg, default=300.0,
                       help="seconds a backlog or a live step may take to come out (default 300)")

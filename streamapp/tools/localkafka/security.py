@@ -40,10 +40,13 @@ AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 class BrokerSecurity:
     """The TLS material and SCRAM passwords of a secured broker (or cluster) in ``directory``.
     ``acls_for``: the StandardAuthorizer on, ``admin`` the only super user besides the
-    controllers, and the ``pipeline`` user granted what these settings' pipeline needs."""
+    controllers, and the ``pipeline`` user granted what these settings' pipeline needs.
+    ``plaintext_port``: a PLAINTEXT listener on 127.0.0.1 beside it, for local tools whose own
+    TLS would share the machine with what they measure (the join benchmark's load and reader)."""
 
     directory: Path
     acls_for: Settings | None = None
+    plaintext_port: int | None = None
 
     @property
     def acls(self) -> bool:
@@ -90,11 +93,13 @@ class BrokerSecurity:
         they hold the admin password, so that file is written readable by its owner only."""
         jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required '
                 f'username="{ADMIN}" password="{self.password(ADMIN)}";')
+        plain = f",PLAINTEXT://127.0.0.1:{self.plaintext_port}" if self.plaintext_port else ""
         properties: dict[str, object] = {
-            "listeners": f"SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"SASL_SSL://{BROKER_HOST}:{port}",
+            "listeners": f"SASL_SSL://127.0.0.1:{port}{plain},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"SASL_SSL://{BROKER_HOST}:{port}{plain}",
             "inter.broker.listener.name": "SASL_SSL",
-            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": f"SASL_SSL:SASL_SSL{',PLAINTEXT:PLAINTEXT' if plain else ''},"
+                                              "CONTROLLER:PLAINTEXT",
             "sasl.enabled.mechanisms": SCRAM_MECHANISM,
             "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
             f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": jaas,
