@@ -236,8 +236,8 @@ class QuixStreamsJoin(System):
     label = "Quix Streams"
     pending_measure = "the size of its state directory (RocksDB files of both join stores)"
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: Settings, secured: Settings | None = None) -> None:
+        super().__init__(settings, secured)
         if installed_version("quixstreams") is None:
             raise RuntimeError("Quix Streams is not installed: pip install 'streamapp[bench]'")
 
