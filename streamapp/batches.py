@@ -27,8 +27,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 from faust import Stream
-from faust.types import ChannelT, EventT, Message
+from faust.types import EventT, Message
 
+from streamapp.kafka import streams
 from streamapp.units import event_bytes
 
 Taken = TypeVar("Taken", EventT, list[EventT])
@@ -76,8 +77,7 @@ class PerEventSensors:
         self.consumer.track_message(message)
 
     def event_in(self, event: EventT) -> Any:
-        message = event.message
-        return self.stream._on_stream_event_in(message.tp, message.offset, self.stream, event)
+        return streams.event_in(self.stream, event)
 
     def batch_in(self, batch: Batch) -> None:
         """Each event was counted as it was taken."""
@@ -100,8 +100,7 @@ class BatchSensors:
         self.stream, self.monitor, self.consumer = stream, monitor, stream.app.consumer
 
     def track(self, message: Message) -> None:
-        # What Consumer.track_message does but its sensor call, made per batch in batch_in.
-        cast(Any, self.consumer)._unacked_messages.add(message)
+        streams.track_unsensed(self.consumer, message)  # its sensor call made per batch in batch_in
 
     def event_in(self, event: EventT) -> Any:
         return None
@@ -148,11 +147,7 @@ class HoldBack(Protocol):
 
 
 def ack(stream: Stream, event: EventT, sensor_state: Any) -> None:
-    message = event.message
-    last = event.ack()
-    stream._on_stream_event_out(message.tp, message.offset, stream, event, sensor_state)
-    if last:
-        stream._on_message_out(message.tp, message.offset, message)
+    streams.event_out(stream, event, sensor_state, last=event.ack())
 
 
 class _BufferedEvents:
@@ -161,7 +156,7 @@ class _BufferedEvents:
     def __init__(self, stream: Stream, hold_back: HoldBack | None = None) -> None:
         self.stream, self.hold_back = stream, hold_back
         # Subscribes: from now on the conductor fills this channel's buffer.
-        self.queue = cast(ChannelT, aiter(stream.channel)).queue
+        self.queue = streams.stream_buffer(stream)
         app = stream.app
         self.app, self.acking_topics = app, app.topics.acking_topics
         self.sensors = sensors_for(stream)
@@ -270,5 +265,5 @@ async def acked_when_done(taken: AsyncIterator[Taken]) -> AsyncIterator[Taken]:
             yield item
         except GeneratorExit:
             for event in item if isinstance(item, list) else [item]:
-                event.message.incref()
+                streams.keep_unacked(event)
             raise

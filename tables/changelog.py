@@ -18,10 +18,11 @@ import asyncio
 import functools
 from asyncio import CancelledError
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from faust.types import TP, TableT
 
+from streamapp.kafka.producer import kafka_producer_of
 from streamapp.recordbatches import Delivery, send_in_batches
 
 if TYPE_CHECKING:
@@ -44,8 +45,7 @@ class ChangelogWriter:
                 Delivery(cast(asyncio.Future, await transactions.send(topic, key, value, partition, None, None)), 1)
                 for key, value in changes]
         else:  # aiokafka's per-record send was a twentieth of the join's loop for these records alone
-            producer = cast(Any, app.producer)._ensure_producer()  # Faust's aiokafka producer
-            deliveries = await send_in_batches(producer, topic, partition, changes)
+            deliveries = await send_in_batches(kafka_producer_of(app.producer), topic, partition, changes)
         deliveries[-1].future.add_done_callback(functools.partial(self._delivered, deliveries))
 
     def _delivered(self, deliveries: list[Delivery], last: asyncio.Future) -> None:

@@ -13,9 +13,9 @@ Each partition is one RocksDB database with two column families:
     time, one range per kind and camera run (``stream:epoch``), since cameras' clocks need not
     agree, and a restarted camera's clock need not continue where it was.
 
-Every write path keeps the families in step in one atomic write batch: agent writes (``_set``/
-``_del``), changelog recovery and standby replay (``apply_changelog_batch``), and the join's own
-batches and sweeps (``write``). Recovery reads records this worker did not write: one it cannot
+Every write path keeps the families in step in one atomic write batch: agent writes
+(``write_in_event``), changelog recovery and standby replay (``apply_changelog_batch``), and the
+join's own batches and sweeps (``write``). Recovery reads records this worker did not write: one it cannot
 read (malformed, or of an unknown format version) is counted, logged once per partition and
 skipped, so it never stops the join (:class:`ChangelogHealth`).
 
@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import rocksdict
-from faust.stores import rocksdb as faust_rocksdb
 from faust.streams import current_event
 from faust.types import TP, EventT
 
 from streamapp.diskspace import is_disk_full, is_write_stall
 from streamapp.errors import StreamappError, one_line
+from streamapp.kafka.store import HookedStore
 from streamapp.tables.entry import FORMAT_VERSION, EntryError, EntryKind, check, peek_times, upgrade_legacy
 from streamapp.tables.memory import RocksMemory
 from streamapp.wire import run_of
@@ -378,7 +378,7 @@ class ChangelogHealth:
         }
 
 
-class JoinStore(faust_rocksdb.Store):
+class JoinStore(HookedStore):
     """Faust store for the join table. Table options: ``memory`` (a RocksMemory) and ``lock``
     (the join window's: its batches and sweeps write while they hold it)."""
 
@@ -392,7 +392,7 @@ class JoinStore(faust_rocksdb.Store):
 
     # --- partitions ---------------------------------------------------------------------------
 
-    def _open_for_partition(self, partition: int) -> rocksdict.Rdict:
+    def open_partition(self, partition: int) -> rocksdict.Rdict:
         path = self.partition_path(partition)
         mark_store_format(path)
         db = rocksdict.Rdict(
@@ -407,13 +407,13 @@ class JoinStore(faust_rocksdb.Store):
         check_store_format(Path(self.partition_path(number)) for number in range(partitions))
 
     def partition(self, partition: int) -> JoinPartition:
-        self._db_for_partition(partition)  # opens it on first use, like Faust does
+        self.db_for_partition(partition)  # opens it on first use, like Faust does
         return self._partitions[partition]
 
     def revoke_partitions(self, table, tps) -> None:
         super().revoke_partitions(table, tps)
         for tp in tps:
-            if tp.topic in table.changelog_topic.topics and tp.partition not in self._dbs:
+            if tp.topic in table.changelog_topic.topics and not self.is_open(tp.partition):
                 closing = self._partitions.pop(tp.partition, None)
                 if closing is not None:
                     closing.close()
@@ -451,11 +451,8 @@ class JoinStore(faust_rocksdb.Store):
 
     # --- Faust's write paths ------------------------------------------------------------------
 
-    def _set(self, key: bytes, value: bytes | None) -> None:
+    def write_in_event(self, key: bytes, value: bytes | None) -> None:
         self.partition(self._event_partition()).write(key, value)
-
-    def _del(self, key: bytes) -> None:
-        self.partition(self._event_partition()).write(key, None)
 
     def apply_changelog_batch(
         self,
@@ -490,7 +487,7 @@ class JoinStore(faust_rocksdb.Store):
         wait for RocksDB. One refused (a stall or a full disk) is left to the next changelog
         record's; until then recovery would only read a little more of the changelog."""
         try:
-            self._db_for_partition(tp.partition).put(self.offset_key, str(offset).encode(), _NO_SLOWDOWN)
+            self.db_for_partition(tp.partition).put(self.offset_key, str(offset).encode(), _NO_SLOWDOWN)
         except Exception as exc:  # noqa: BLE001 - RocksDB raises plain Exception
             if not (is_disk_full(exc) or is_write_stall(exc)):
                 raise

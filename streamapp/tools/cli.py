@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamapp import assets, kafkaclient
+from streamapp import assets
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
+from streamapp.kafka import client as kafkaclient
 from streamapp.settings import Settings
 from streamapp.tools import chaos
 from streamapp.tools.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg

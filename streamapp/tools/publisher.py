@@ -19,10 +19,10 @@ from streamapp import wire
 from streamapp.agents.source import Pacer
 from streamapp.connect import acl_errors_named, quiet_logger, start_client
 from streamapp.errors import StreamappError
+from streamapp.kafka.producer import KeyPartitioner
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes, topic_names
-from streamapp.worker.producer import KeyPartitioner
 
 # A batch waits this long for more records: a few frames per request under load, little delay alone.
 LINGER_MS = 5

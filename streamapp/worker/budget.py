@@ -6,10 +6,10 @@ and the next is 3 MB. Here every buffer a record passes through gets a share of
 
 * RocksDB: one block cache that memtables are charged to (tables/memory.py);
 * stream buffers: the queues between Kafka's fetcher and each agent, bounded by the bytes they
-  hold (:class:`ByteBoundedQueue`), so Faust pauses a partition on bytes, not on counts;
+  hold (streamapp.kafka.buffers), so Faust pauses a partition on bytes, not on counts;
 * consumer fetch: bytes asked per partition per fetch (Kafka still returns one whole record
   that is larger, so frames up to the frame limit always arrive);
-* producer: bytes per batch, and bytes waiting in Faust's send buffer (:class:`SendBufferBytes`);
+* producer: bytes per batch, and bytes waiting in Faust's send buffer (streamapp.kafka.producer);
 * the batches the join holds: the one it is deciding and the one whose outputs are on their way,
   plus up to one batch's bytes of records held back for their partners (agents/join.py,
   streamapp.batches);
@@ -24,18 +24,12 @@ When a stream buffer is full the worker stops fetching (backpressure), or, with
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
-
-from mode.utils.queues import ThrowableQueue
 
 from streamapp.jpeg import DECODE_BYTES_PER_PIXEL
-from streamapp.settings import BACKPRESSURE, DROP_OLDEST, Settings
+from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes
-from streamapp.units import event_bytes
 
 # Topic-partitions one stage can fetch from at once: its inputs plus the join's changelog.
 _FETCHED_TOPICS = 3
@@ -84,46 +78,6 @@ class MemoryPlan:
         return {f"budget_{name}": value for name, value in dataclasses.asdict(self).items()}
 
 
-def _generation_of(item: Any) -> Any:
-    return getattr(getattr(item, "message", None), "generation_id", None)
-
-
-class SendBufferBytes(asyncio.Queue):
-    """Faust's producer send buffer, sized in bytes. Before each record Faust waits for this buffer
-    to drain while its size (read in bytes by streamapp.worker.producer.ByteSendBuffer) is over
-    ``ProducerBuffer.max_messages``: set to a byte limit, that bounds the bytes of records waiting
-    to be sent through Faust's topics (dead letters, the sweep's unmatched frames; the join's
-    batch outputs and changelog records bypass it).
-
-    It also remembers the record Faust's sender took last, so that :meth:`unsent` can name every
-    record handed to the buffer and not yet acknowledged (streamapp.worker.producer)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bytes = 0
-        self.taken: asyncio.Future | None = None
-
-    def qsize(self) -> int:
-        return self.bytes
-
-    def unsent(self) -> list[asyncio.Future]:
-        """Records put here and not yet acknowledged by the broker, oldest first. Each is a
-        ``FutureMessage``, resolved on the broker's ack. The one taken last may still be on its
-        way into the Kafka producer, which takes records one at a time, in order."""
-        waiting = [self.taken, *self._queue]  # type: ignore[attr-defined]  # asyncio.Queue's deque
-        return [future for future in waiting if future is not None and not future.done()]
-
-    def _put(self, item: Any) -> None:
-        super()._put(item)
-        self.bytes += event_bytes(item)
-
-    def _get(self) -> Any:
-        item = super()._get()
-        self.bytes -= event_bytes(item)
-        self.taken = item
-        return item
-
-
 class OverloadCounts(Counter):
     """What full stream buffers did: partitions paused (backpressure), records dropped (drop-oldest)."""
 
@@ -131,76 +85,3 @@ class OverloadCounts(Counter):
         return {"budget_stream_buffer_pauses_total": self["pauses"],
                 "budget_dropped_records_total": self["records"],
                 "budget_dropped_bytes_total": self["bytes"]}
-
-
-class ByteBoundedQueue(ThrowableQueue):
-    """A Faust stream buffer whose size is the bytes it holds, not its number of records.
-
-    ``qsize()`` answers in bytes and ``maxsize`` is the byte limit, so Faust's own machinery acts
-    on bytes unchanged: the conductor pauses a partition at 80 % of the limit and resumes it at
-    40 %, and waits (stops draining the fetcher) while the queue is full. With drop-oldest, a
-    record that would overfill the queue first pushes out the oldest ones, acked so their
-    offsets still commit.
-
-    ``current_generation`` is the consumer group generation now: a flow-control clear at the end
-    of a rebalance keeps what was fetched in it (see :meth:`clear`).
-    """
-
-    def __init__(self, limit_bytes: int, *, policy: str, dropped: OverloadCounts,
-                 current_generation: Callable[[], int], **kwargs: Any) -> None:
-        super().__init__(maxsize=limit_bytes, **kwargs)
-        self.bytes = 0
-        self.policy = policy
-        self.dropped = dropped
-        self.current_generation = current_generation
-
-    def qsize(self) -> int:
-        return self.bytes
-
-    # Live video never waits for the agent: the oldest records make room instead.
-    def full(self) -> bool:
-        return self.policy == BACKPRESSURE and super().full()
-
-    def in_pressure_high_state(self, callback) -> bool:
-        if self.policy != BACKPRESSURE or not super().in_pressure_high_state(callback):
-            return False
-        self.dropped["pauses"] += 1
-        return True
-
-    def _put(self, item: Any) -> None:
-        size = event_bytes(item)
-        if self.policy == DROP_OLDEST:
-            while self._queue and self.bytes + size > self.maxsize:  # type: ignore[attr-defined]
-                self._drop_oldest()
-        super()._put(item)
-        self.bytes += size
-
-    def _get(self) -> Any:
-        item = super()._get()
-        self.bytes -= event_bytes(item)
-        return item
-
-    def clear(self) -> None:
-        """Faust clears stream buffers when a rebalance suspends flow, and again when it resumes
-        flow after recovery. By the second clear the consumer has resumed the new assignment and
-        may have fetched records into this buffer, with its position already past them: dropped,
-        they are never fetched again (and on a partition without a committed offset, offsets
-        commit past them). So a clear while flow is active drops only records fetched in an
-        earlier generation, which the stream would skip anyway."""
-        if self._flow_control.is_active():
-            generation = self.current_generation()
-            kept = [item for item in self._queue if _generation_of(item) == generation]  # type: ignore[attr-defined]
-        else:
-            kept = []
-        super().clear()
-        self._queue.extend(kept)  # type: ignore[attr-defined]
-        self.bytes = sum(event_bytes(item) for item in kept)
-
-    def _drop_oldest(self) -> None:
-        oldest = self._get()
-        self._unfinished_tasks -= 1  # type: ignore[attr-defined]
-        self.dropped["records"] += 1
-        self.dropped["bytes"] += event_bytes(oldest)
-        ack = getattr(oldest, "ack", None)
-        if ack is not None:
-            ack()

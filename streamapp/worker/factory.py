@@ -16,44 +16,33 @@ import os
 import sys
 from typing import NoReturn, cast
 
-import faust
-from faust.tables import TableManager
-
-from streamapp import kafkaclient, topics as topic_defs
+from streamapp import topics as topic_defs
 from streamapp.errors import StreamappError, one_line
+from streamapp.kafka import client as kafkaclient, consumer
+from streamapp.kafka.app import KafkaApp, PromptTableManager
+from streamapp.kafka.buffers import ByteBoundedQueue
+from streamapp.kafka.monitor import faust_monitor
+from streamapp.kafka.producer import KeyPartitioner
 from streamapp.kafkasecurity import broker_credentials
 from streamapp.settings import Settings
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
-from streamapp.worker import consumer, health, logs, webport
-from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts
+from streamapp.worker import health, logs, webport
+from streamapp.worker.budget import MemoryPlan, OverloadCounts
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import (
     PROMETHEUS_CONTENT_TYPE,
     Metrics,
     consumer_gauges,
-    faust_monitor,
     memory_budget_gauges,
 )
 from streamapp.worker.outputs import OutputThread
-from streamapp.worker.producer import KeyPartitioner
 from streamapp.worker.stage import AppTopics, Stage
 
 log = logging.getLogger(__name__)
 
 
-class PromptTableManager(TableManager):
-    """Faust's table manager without the fixed one-second sleep it starts with (there to let
-    tables be defined; ours all are, in create_app, before the worker starts). Every worker
-    pays that second at every start, a third of a restart's budget."""
-
-    async def on_start(self) -> None:
-        if not self.should_stop:
-            await self._update_channels()
-            await self.recovery.start()
-
-
-class StreamApp(faust.App):
+class StreamApp(KafkaApp):
     """A Faust app that creates and checks its topics before it consumes anything, and whose
     buffers are limited in bytes by its memory plan."""
 
@@ -89,11 +78,6 @@ class StreamApp(faust.App):
         gc.collect()
         gc.freeze()
         self.frozen_objects = gc.get_freeze_count()
-
-    def _new_transport(self):
-        # Faust's Kafka transport, with a consumer that loses nothing in a rebalance (consumer.py) and a
-        # producer whose flush before a commit waits for what was sent before it (producer.py).
-        return consumer.Transport(self.conf.broker_consumer, self)
 
     def FlowControlQueue(self, maxsize: int | None = None, *, clear_on_resume: bool = False) -> ByteBoundedQueue:
         queue = ByteBoundedQueue(self.memory_plan.stream_buffer_bytes, policy=self.streamapp_settings.overload,

@@ -29,14 +29,14 @@ import asyncio
 import functools
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Protocol, cast
+from typing import Protocol
 
 import faust
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import EventT, ProducerT
 
+from streamapp.kafka.producer import check_size, partition_of, producer_options, wait_for_partitions
 from streamapp.recordbatches import Delivery, send_in_batches
 from streamapp.worker.deadletter import DeadLetters
 
@@ -74,7 +74,7 @@ class OutputThread:
             producers = await self._started()
             producer = producers[self.chunks_sent % len(producers)]
             self.chunks_sent += 1
-            await producer.client._wait_on_metadata(topic)  # as send() does: the topic's partitions
+            await wait_for_partitions(producer, topic)
             refused, by_partition = _partitioned(producer, topic, records)
             for partition, pending in by_partition.items():
                 deliveries += await send_in_batches(producer, topic, partition, pending)
@@ -82,12 +82,8 @@ class OutputThread:
         return refused
 
     async def _started(self) -> list[AIOKafkaProducer]:
-        faust_producer = cast(faust_aiokafka.Producer, self.faust_producer)
         while len(self.producers) < OUTPUT_CONNECTIONS:
-            # As Faust makes its own: later settings override earlier ones.
-            producer = AIOKafkaProducer(**{**faust_producer._settings_default(),
-                                           **faust_producer._settings_auth(),
-                                           **faust_producer._settings_extra()})
+            producer = AIOKafkaProducer(**producer_options(self.faust_producer))  # as Faust makes its own
             await producer.start()  # a failed start is tried again by the next chunk
             self.producers.append(producer)
         return self.producers
@@ -112,12 +108,12 @@ def _partitioned(producer: AIOKafkaProducer, topic: str, records: Sequence[tuple
     by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
     for key, value in records:
         try:
-            producer._serialize(key, value, [])  # the producer's own size check
+            check_size(producer, key, value)
         except KafkaError as exc:
             refused.append(repr(exc))
             continue
         refused.append(None)
-        partition = producer._partition(topic, None, key, value, key, value)
+        partition = partition_of(producer, topic, key, value)
         by_partition.setdefault(partition, []).append((key, value))
     return refused, by_partition
 

@@ -14,7 +14,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.conn import AIOKafkaConnection
 from aiokafka.producer import message_accumulator
 
-from streamapp import kafkaclient, kafkacrc, kafkaread
+from streamapp.kafka import client as kafkaclient, crc as kafkacrc, read as kafkaread
 from streamapp.tools.localkafka.security import ADMIN
 
 pytestmark = pytest.mark.kafka
@@ -62,8 +62,8 @@ async def topic_configs(bootstrap: str, topic: str) -> dict[str, tuple[str, int]
 
 def test_200_records_of_1mib_with_keys_and_headers_round_trip(connection, unique_topic):
     """Read and written as the worker does: through WholeResponseReader, fetches of up to 32 MiB,
-    produce requests whose record batches go to the socket unjoined (streamapp.kafkawrite), batches
-    built and checked with the CPU's CRC-32C (streamapp.kafkacrc): the broker checks every batch's
+    produce requests whose record batches go to the socket unjoined (streamapp.kafka.write), batches
+    built and checked with the CPU's CRC-32C (streamapp.kafka.crc): the broker checks every batch's
     checksum, so a wrong one would be refused. Over PLAINTEXT and over SASL_SSL."""
     bootstrap, options = connection
     kafkaclient.install()

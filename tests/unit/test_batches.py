@@ -10,7 +10,8 @@ import pytest
 from faust.types import Message
 
 from streamapp.batches import Batches, BatchSensors, acked_when_done
-from streamapp.worker.metrics import Metrics, faust_monitor
+from streamapp.kafka.monitor import faust_monitor
+from streamapp.worker.metrics import Metrics
 
 VALUE = b"v" * 100
 

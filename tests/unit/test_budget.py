@@ -8,9 +8,11 @@ import dataclasses
 import pytest
 from mode.utils.queues import FlowControlEvent
 
+from streamapp.kafka.buffers import ByteBoundedQueue
+from streamapp.kafka.producer import SendBufferBytes
 from streamapp.settings import BACKPRESSURE, DROP_OLDEST, STAGES, Settings, SettingsError
 from streamapp.topics import max_record_bytes
-from streamapp.worker.budget import ByteBoundedQueue, MemoryPlan, OverloadCounts, SendBufferBytes
+from streamapp.worker.budget import MemoryPlan, OverloadCounts
 
 MIB = 1024**2
 

@@ -1,13 +1,13 @@
 """The worker's consumer lets the broker hold a fetch that finds nothing new for at most
 FETCH_MAX_WAIT_MS, not Faust's 1.5 s, which held a backlog's other partitions back that long
-(streamapp.worker.consumer)."""
+(streamapp.kafka.consumer)."""
 
 from __future__ import annotations
 
 import asyncio
 
+from streamapp.kafka.consumer import FETCH_MAX_WAIT_MS, ConsumerThread
 from streamapp.settings import Settings
-from streamapp.worker.consumer import FETCH_MAX_WAIT_MS, ConsumerThread
 from streamapp.worker.factory import create_app
 
 

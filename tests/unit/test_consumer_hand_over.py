@@ -1,5 +1,5 @@
 """How the consumer hands a fetched record to the streams of its partition
-(streamapp.worker.handover): directly when nothing can wait and every stream reads raw bytes,
+(streamapp.kafka.handover): directly when nothing can wait and every stream reads raw bytes,
 giving the stream what Faust's conductor would; through Faust's path otherwise."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from aiokafka import TopicPartition
 from faust.transport.conductor import ConductorCompiler
 from faust.types import TP, Message
 
-from streamapp.worker.handover import HandOver
+from streamapp.kafka.handover import HandOver
 
 TOPIC = TP("frames", 0)
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, assume, example, given, settings, strategies
 from streamapp import wire
 from streamapp.imaging import CorruptFrame, decode_frame, decode_jpeg, encode_jpeg, jpeg_size
 from streamapp.jpeg import check_jpeg
-from streamapp.kafkaread import WHOLE_FROM_BYTES, ChunksReader, ResponseChunks, WholeResponseReader, _ResponseIO
+from streamapp.kafka.read import WHOLE_FROM_BYTES, ChunksReader, ResponseChunks, WholeResponseReader, _ResponseIO
 from streamapp.tables.entry import FORMAT_VERSION, Entry, EntryError, EntryKind, check, peek_times, upgrade_legacy
 from streamapp.tables.store import ChangelogHealth
 from streamapp.tools.replay import format as recording_format

@@ -42,7 +42,8 @@ def test_every_vocabulary_module_is_under_contract():
     vocabulary, = (contract for contract in config["contracts"] if contract["type"] == "forbidden")
     root_modules = {f"streamapp.{path.stem}" for path in (REPO / "streamapp").glob("*.py")
                     if path.stem not in ("__init__", "app")}
-    assert set(vocabulary["source_modules"]) == root_modules
+    # streamapp.kafka, the library seams, sits with the vocabulary: the join store uses it.
+    assert set(vocabulary["source_modules"]) == root_modules | {"streamapp.kafka"}
 
 
 IMPORT_ALL = """

@@ -13,8 +13,8 @@ from aiokafka.record._crecords import DefaultRecordBatchBuilder as CBuilder, Leg
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
-from streamapp import kafkacrc
-from streamapp.kafkacrc import CheckedMemoryRecords, LeanBatchBuilder
+from streamapp.kafka import crc as kafkacrc
+from streamapp.kafka.crc import CheckedMemoryRecords, LeanBatchBuilder
 
 RECORDS = [(b"cam0:1:7", os.urandom(49_000), [("origin", b"join")]), (None, b"x" * 300, []),
            (b"k", None, [("a", None)]), (b"cam1:2:9", os.urandom(70_000), [])]

@@ -12,7 +12,7 @@ import struct
 import pytest
 from aiokafka.protocol.fetch import FetchResponse_v4
 
-from streamapp.kafkaread import WHOLE_FROM_BYTES, ChunksReader, ResponseChunks, WholeResponseReader, _ResponseIO
+from streamapp.kafka.read import WHOLE_FROM_BYTES, ChunksReader, ResponseChunks, WholeResponseReader, _ResponseIO
 
 MIB = 1024**2
 

@@ -8,7 +8,7 @@ import struct
 import pytest
 from aiokafka.protocol.produce import ProduceRequest
 
-from streamapp.kafkawrite import produce_request_pieces
+from streamapp.kafka.write import produce_request_pieces
 
 TOPICS = [
     ("joined", [(0, os.urandom(300_000)), (3, bytearray(os.urandom(50)))]),

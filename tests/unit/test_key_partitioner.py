@@ -2,7 +2,7 @@
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from streamapp.worker.producer import KeyPartitioner
+from streamapp.kafka.producer import KeyPartitioner
 
 PARTITIONS = [0, 1, 2, 3]
 

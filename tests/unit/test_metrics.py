@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram as PrometheusHistogra
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp.agents.join import Joiner
+from streamapp.kafka.monitor import faust_monitor, observe_times
 from streamapp.samples import Histogram, family_of, parse_sample, sample_name
 from streamapp.wire import Detections, Frame, FrameId, encode_detections
 from streamapp.worker.metrics import (
@@ -23,8 +24,6 @@ from streamapp.worker.metrics import (
     STANDARD_FAMILIES,
     Metrics,
     consumer_gauges,
-    faust_monitor,
-    observe_times,
     peak_rss_bytes,
 )
 

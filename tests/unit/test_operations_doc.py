@@ -5,9 +5,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from streamapp.kafka.monitor import faust_monitor
 from streamapp.settings import _ENV, Settings
 from streamapp.tools.localkafka.acls import PatternType, pipeline_acls
-from streamapp.worker.metrics import HELP, Metrics, faust_monitor
+from streamapp.worker.metrics import HELP, Metrics
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 

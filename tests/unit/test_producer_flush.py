@@ -1,13 +1,12 @@
 """The producer's flush before a commit waits for the records sent before it, however busy the
-send buffer stays, and the send buffer's size is the bytes waiting in it (streamapp.worker.producer)."""
+send buffer stays, and the send buffer's size is the bytes waiting in it (streamapp.kafka.producer)."""
 
 from __future__ import annotations
 
 import asyncio
 import types
 
-from streamapp.worker.budget import SendBufferBytes
-from streamapp.worker.producer import ByteSendBuffer, StreamappProducer
+from streamapp.kafka.producer import ByteSendBuffer, SendBufferBytes, StreamappProducer
 
 
 class Sent(asyncio.Future):

@@ -3,7 +3,7 @@ below it was deleted by retention before it was read, and is counted exactly."""
 
 from faust.types import TP
 
-from streamapp.worker.unread import METRIC, UnreadGaps
+from streamapp.unread import METRIC, UnreadGaps
 
 FRAMES, DETECTIONS = TP("frames", 0), TP("detections", 1)
 

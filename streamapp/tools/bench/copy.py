@@ -1,8 +1,8 @@
 """The limit of ``streamapp bench join``: an aiokafka consumer→producer copy of the frame and
 result records into one topic, tuned as a user would (large fetches, 1 MiB batches, 5 ms linger,
 a whole fetched batch in flight before awaiting its acknowledgements), reading responses,
-writing produce requests and partitioning keys as the worker does (streamapp.kafkaread,
-streamapp.kafkawrite, KeyPartitioner).
+writing produce requests and partitioning keys as the worker does (streamapp.kafka.read,
+streamapp.kafka.write, KeyPartitioner).
 
 Run as ``python -m streamapp.tools.bench.copy GROUP TARGET SOURCE...``, connecting as the ``STREAMAPP_*``
 settings say (broker, security); it prints ``ready``
@@ -16,11 +16,11 @@ import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamapp import kafkaclient
+from streamapp.kafka import client as kafkaclient
+from streamapp.kafka.producer import KeyPartitioner
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
 from streamapp.topics import max_record_bytes
-from streamapp.worker.producer import KeyPartitioner
 
 READY_MARKER = "ready"
 MIB = 1024**2

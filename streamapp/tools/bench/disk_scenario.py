@@ -14,7 +14,7 @@ from streamapp.errors import UsageError
 from streamapp.samples import family_of, parse_sample
 from streamapp.settings import Settings
 from streamapp.topics import TopicError, disk_plan
-from streamapp.worker.unread import METRIC as DELETED_UNREAD
+from streamapp.unread import METRIC as DELETED_UNREAD
 
 MIB = 1024**2
 COMPONENTS = ("broker", "join", "sink")

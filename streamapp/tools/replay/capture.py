@@ -14,6 +14,7 @@ from aiokafka.partitioner import murmur2
 
 from streamapp import wire
 from streamapp.connect import start_client
+from streamapp.kafka.client import learn_topics
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
 from streamapp.tools.replay.format import Record, RecordingError, RecordingWriter
@@ -57,7 +58,7 @@ async def record_topics(settings: Settings, topics: list[str], path: str | Path,
 
 
 async def _fetch_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    await consumer._client.force_metadata_update()  # aiokafka learns of topics lazily
+    await learn_topics(consumer)
     partitions = consumer.partitions_for_topic(topic)
     if not partitions:
         raise RecordingError(f"topic {topic!r} does not exist on the broker")

@@ -21,13 +21,15 @@ The partitioner is Kafka's default, remembering the hashes of recent keys.
 from __future__ import annotations
 
 import asyncio
-from typing import cast
+from typing import Any, cast
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
+from faust.types import ProducerT
 
-from streamapp.worker.budget import SendBufferBytes
+from streamapp.units import event_bytes
 
 # Bytes of keys the partitioner remembers the hashes of; past it, it forgets them all at once.
 KEY_HASH_MEMO_BYTES = 64 * 1024
@@ -69,6 +71,42 @@ class KeyPartitioner:
         return {"producer_key_hash_memo_bytes": self._bytes, "producer_key_hash_memo_resets_total": self.resets}
 
 
+class SendBufferBytes(asyncio.Queue):
+    """Faust's producer send buffer, sized in bytes. Before each record Faust waits for this buffer
+    to drain while its size (read in bytes by streamapp.kafka.producer.ByteSendBuffer) is over
+    ``ProducerBuffer.max_messages``: set to a byte limit, that bounds the bytes of records waiting
+    to be sent through Faust's topics (dead letters, the sweep's unmatched frames; the join's
+    batch outputs and changelog records bypass it).
+
+    It also remembers the record Faust's sender took last, so that :meth:`unsent` can name every
+    record handed to the buffer and not yet acknowledged (streamapp.kafka.producer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+        self.taken: asyncio.Future | None = None
+
+    def qsize(self) -> int:
+        return self.bytes
+
+    def unsent(self) -> list[asyncio.Future]:
+        """Records put here and not yet acknowledged by the broker, oldest first. Each is a
+        ``FutureMessage``, resolved on the broker's ack. The one taken last may still be on its
+        way into the Kafka producer, which takes records one at a time, in order."""
+        waiting = [self.taken, *self._queue]  # type: ignore[attr-defined]  # asyncio.Queue's deque
+        return [future for future in waiting if future is not None and not future.done()]
+
+    def _put(self, item: Any) -> None:
+        super()._put(item)
+        self.bytes += event_bytes(item)
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self.bytes -= event_bytes(item)
+        self.taken = item
+        return item
+
+
 class ByteSendBuffer(ProducerBuffer):
     """Faust's send buffer over a SendBufferBytes queue, its size in bytes. Faust waits before
     each record it hands to a stream while the size is over ``max_messages`` (the app sets it to
@@ -100,3 +138,29 @@ class StreamappProducer(faust_aiokafka.Producer):
             await self._producer.flush()
         for transaction_producer in self._transaction_producers.values():
             await transaction_producer.flush()
+
+
+def producer_options(faust_producer: ProducerT) -> dict[str, Any]:
+    """The options Faust makes its aiokafka producer with (later settings override earlier ones)."""
+    producer = cast(faust_aiokafka.Producer, faust_producer)
+    return {**producer._settings_default(), **producer._settings_auth(), **producer._settings_extra()}
+
+
+def kafka_producer_of(faust_producer: ProducerT) -> AIOKafkaProducer:
+    """The aiokafka producer under Faust's, started with it."""
+    return cast(Any, faust_producer)._ensure_producer()
+
+
+async def wait_for_partitions(producer: AIOKafkaProducer, topic: str) -> None:
+    """Wait, as ``send`` does, until the producer knows ``topic``'s partitions."""
+    await producer.client._wait_on_metadata(topic)
+
+
+def check_size(producer: AIOKafkaProducer, key: bytes, value: bytes) -> None:
+    """Raise the KafkaError ``send`` would for a record larger than a request."""
+    producer._serialize(key, value, [])
+
+
+def partition_of(producer: AIOKafkaProducer, topic: str, key: bytes, value: bytes) -> int:
+    """The partition the producer's partitioner picks for a record of ``topic``."""
+    return producer._partition(topic, None, key, value, key, value)

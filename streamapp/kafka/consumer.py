@@ -13,7 +13,7 @@ new consumer of the group starts (``auto_offset_reset=earliest``).
 Faust hands each fetched record to its streams through a chain of coroutines, raced against the
 flow being suspended, the consumer stopping and the consumer crashing: more CPU than the join's own
 work on the record. When the hand-over cannot wait, it is done directly
-(:mod:`streamapp.worker.handover`); otherwise Faust's race runs as before.
+(:mod:`streamapp.kafka.handover`); otherwise Faust's race runs as before.
 
 Faust pauses a partition only in its own books: the fetcher underneath still fetches it, and the
 records fetched are never taken. That is harmless for inputs, which Faust resumes, but the join's
@@ -31,7 +31,7 @@ broker holds a fetch at most FETCH_MAX_WAIT_MS; an idle worker sends a small fet
 
 The consumer also says where each input partition is read from in a generation (its committed
 offset, as sought), which the join needs to tell "caught up" before it has read a partition, and
-counts the input that the broker's retention deleted before it was read (streamapp.worker.unread).
+counts the input that the broker's retention deleted before it was read (streamapp.unread).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from mode import Service
 
-from streamapp.worker.handover import HandOver
-from streamapp.worker.producer import StreamappProducer
-from streamapp.worker.unread import UnreadGaps
+from streamapp.kafka.handover import HandOver
+from streamapp.kafka.producer import StreamappProducer
+from streamapp.unread import UnreadGaps
 
 log = logging.getLogger(__name__)
 
