@@ -29,6 +29,7 @@ class ExitCode(enum.IntEnum):
     NOT_AUTHORIZED = 14  # an ACL is missing: a topic, the consumer group, the cluster
     TOPICS_MISSING = 15  # topics are missing and this user may not create them
     CONFIG_REFUSED = 16  # the broker refused a topic config (a managed service's cap)
+    SEAM_MOVED = 17  # a library the project reaches inside is not the version its seams were written for
 
 
 class StreamappError(Exception):
@@ -63,3 +64,13 @@ class BrokerUnreachable(StreamappError):
     def __init__(self, bootstrap: str) -> None:
         super().__init__(f"no Kafka broker answers at {bootstrap}",
                          "start one with `streamapp broker start`, or point STREAMAPP_BROKER at a running one")
+
+
+class SeamMovedError(StreamappError):
+    """A library changed under one of the places the project reaches inside it (streamapp.kafka)."""
+
+    exit_code = ExitCode.SEAM_MOVED
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what, "install the pinned versions (pip install -c constraints.txt .); "
+                               "`streamapp check-upgrade` lists every seam a newer release moves")

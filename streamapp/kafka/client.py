@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
 
-from streamapp.kafka import crc as kafkacrc, read as kafkaread, write as kafkawrite
+from streamapp.kafka import crc as kafkacrc, read as kafkaread, seams, write as kafkawrite
 
 
 def install() -> None:
-    """Idempotent: each part installs itself once."""
+    """Check every seam (streamapp.kafka.seams: SeamMovedError when a library moved under one),
+    then install. Idempotent: each part installs itself once."""
+    seams.require_all()
     kafkaread.install()
     kafkawrite.install()
     kafkacrc.install()
