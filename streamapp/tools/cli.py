@@ -26,7 +26,7 @@ from streamapp import assets
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.kafka import client as kafkaclient
 from streamapp.settings import Settings
-from streamapp.tools import chaos
+from streamapp.tools import chaos, upgrade
 from streamapp.tools.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
 from streamapp.tools.bench import disk_command, infer as infer_bench, join_command, soak_command
 from streamapp.tools.localkafka.broker import LocalBroker
@@ -398,6 +398,7 @@ COMMANDS: list[Command] = [
             replay_commands.configure_record, replay_commands.run_record),
     Command("replay", "publish recordings to topics, paced, through seeded scenario transforms",
             replay_commands.configure_replay, replay_commands.run_replay),
+    Command("check-upgrade", upgrade.HELP, upgrade.configure, upgrade.run),
 ]
 
 
@@ -413,8 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    kafkaclient.install()
     try:
+        kafkaclient.install()
         args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError("a command is required", "see `streamapp --help`")

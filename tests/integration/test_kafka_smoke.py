@@ -11,10 +11,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.conn import AIOKafkaConnection
-from aiokafka.producer import message_accumulator
 
-from streamapp.kafka import client as kafkaclient, crc as kafkacrc, read as kafkaread
+from streamapp.kafka import client as kafkaclient, crc as kafkacrc, read as kafkaread, write as kafkawrite
 from streamapp.tools.localkafka.security import ADMIN
 
 pytestmark = pytest.mark.kafka
@@ -60,15 +58,17 @@ async def topic_configs(bootstrap: str, topic: str) -> dict[str, tuple[str, int]
     return {e["config_names"]: (e["config_value"], e["config_source"]) for e in resource["config_entries"]}
 
 
-def test_200_records_of_1mib_with_keys_and_headers_round_trip(connection, unique_topic):
-    """Read and written as the worker does: through WholeResponseReader, fetches of up to 32 MiB,
-    produce requests whose record batches go to the socket unjoined (streamapp.kafka.write), batches
-    built and checked with the CPU's CRC-32C (streamapp.kafka.crc): the broker checks every batch's
-    checksum, so a wrong one would be refused. Over PLAINTEXT and over SASL_SSL."""
+def test_200_records_of_1mib_with_keys_and_headers_round_trip(connection, unique_topic, monkeypatch):
+    """Read and written as the worker does: fetches of up to 32 MiB decoded from the socket's reads
+    (streamapp.kafka.read), produce requests whose record batches go to the socket unjoined
+    (streamapp.kafka.write), batches built and checked with the CPU's CRC-32C (streamapp.kafka.crc):
+    the broker checks every batch's checksum, so a wrong one would be refused. Over PLAINTEXT and
+    over SASL_SSL. Each change counts its calls, made by aiokafka's public producer and consumer:
+    each is on their path."""
     bootstrap, options = connection
     kafkaclient.install()
-    assert getattr(AIOKafkaConnection.send, "writes_batches_unjoined", False)
-    assert message_accumulator.DefaultRecordBatchBuilder is kafkacrc.LeanBatchBuilder
+    calls = {"chunked responses": 0, "produce requests": 0, "batches built": 0, "batch checksums": 0}
+    _count_calls(monkeypatch, calls)
 
     async def scenario():
         await create_topic(bootstrap, NewTopic(unique_topic, 3, 1), options)
@@ -104,18 +104,38 @@ def test_200_records_of_1mib_with_keys_and_headers_round_trip(connection, unique
                             assert len(record.value) == MIB
                             received[record.key] = (hashlib.sha256(record.value).hexdigest(),
                                                     list(record.headers))
-            readers = {type(connection._reader) for connection in consumer._client._conns.values()}
-            assert readers == {kafkaread.WholeResponseReader}
         finally:
             await consumer.stop()
         return sent, received
 
     sent, received = asyncio.run(scenario())
     assert set(received) == set(sent)
+    assert all(calls.values()), calls
     for key, (digest, headers) in sent.items():
         got_digest, got_headers = received[key]
         assert got_digest == digest, key
         assert [(name, bytes(value)) for name, value in got_headers] == headers, key
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, calls: dict[str, int]) -> None:
+    """Each change of streamapp.kafka counts its calls into ``calls`` and does what it did."""
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return call
+
+    class CountedChunksReader(kafkaread.ChunksReader):
+        def __init__(self, chunks):
+            calls["chunked responses"] += 1
+            super().__init__(chunks)
+
+    monkeypatch.setattr(kafkaread, "ChunksReader", CountedChunksReader)
+    monkeypatch.setattr(kafkawrite, "produce_request_pieces",
+                        counted("produce requests", kafkawrite.produce_request_pieces))
+    monkeypatch.setattr(kafkacrc.LeanBatchBuilder, "build", counted("batches built", kafkacrc.LeanBatchBuilder.build))
+    monkeypatch.setattr(kafkacrc, "batch_crc_ok", counted("batch checksums", kafkacrc.batch_crc_ok))
 
 
 def test_compact_delete_topic_with_explicit_configs(kafka_bootstrap, unique_topic):
