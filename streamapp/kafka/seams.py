@@ -214,9 +214,10 @@ SEAMS: tuple[Seam, ...] = (
         lambda: has("faust.transport.producer:ProducerBuffer", "max_messages", "size"),
         lambda: has("faust.transport.drivers.aiokafka:Producer", "_producer", "_transaction_producers"),
     )),
-    Seam("producer: send buffer queue", "python", _all(
+    Seam("buffers: asyncio's queue internals", "python", _all(
         lambda: has("asyncio:Queue", "_put", "_get"),
         lambda: source_says("asyncio:Queue._init", "self._queue = collections.deque()"),
+        lambda: source_says("asyncio:Queue.__init__", "self._unfinished_tasks = 0"),
     )),
     Seam("producer: aiokafka's producer", "aiokafka", _all(
         lambda: parameters("aiokafka.producer.producer:AIOKafkaProducer._serialize",

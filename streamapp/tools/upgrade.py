@@ -26,6 +26,8 @@ from streamapp.kafka.seams import LIBRARIES
 HELP = ("install the newest aiokafka, Faust, mode and prometheus_client in a scratch environment "
         "and report which seams moved")
 PIP_TIMEOUT_S = 900
+# What pip needs of the source to install the project (pyproject.toml's packages and readme).
+PROJECT_FILES = ("pyproject.toml", "README.md", "streamapp", "agents", "tables")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -74,10 +76,22 @@ def scratch_results(scratch: Path, source: Path) -> dict[str, Any]:
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     _run([*pip, "--upgrade", *(library for library in LIBRARIES if library != "python")],
          "install the newest releases from PyPI (is PyPI reachable?)")
-    _run([*pip, "--no-deps", str(source)], "install this project into the scratch environment")
+    # From a copy: pip would leave its build folder in the source.
+    _run([*pip, "--no-deps", str(_copy_project(source, scratch / "source"))],
+         "install this project into the scratch environment")
     # From the scratch folder: the source folder on sys.path would shadow what was installed.
     checked = _run([str(python), "-m", "streamapp.kafka.seams"], "run the seam checks", cwd=scratch)
     return json.loads(checked)
+
+
+def _copy_project(source: Path, into: Path) -> Path:
+    into.mkdir()
+    for part in PROJECT_FILES:
+        if (source / part).is_dir():
+            shutil.copytree(source / part, into / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy(source / part, into / part)
+    return into
 
 
 def _run(command: list[str], what: str, cwd: Path | None = None) -> str:

@@ -122,7 +122,7 @@ MOVES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         faust.transport.conductor.Conductor, "_compile_message_handler", _handler_changed),
     "producer: flush and send buffer": lambda mp: mp.setattr(faust.transport.drivers.aiokafka.Producer, "flush",
                                                              _flush_changed),
-    "producer: send buffer queue": lambda mp: mp.setattr(asyncio.Queue, "_init", _queue_init_changed),
+    "buffers: asyncio's queue internals": lambda mp: mp.setattr(asyncio.Queue, "_init", _queue_init_changed),
     "producer: aiokafka's producer": lambda mp: mp.setattr(AIOKafkaProducer, "_partition", _partition_with_headers),
     "producer: Faust's producer settings": lambda mp: mp.delattr(faust.transport.drivers.aiokafka.Producer,
                                                                  "_settings_auth"),
