@@ -4,9 +4,11 @@ would catch it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.consumer.fetcher import PartitionRecords
 from aiokafka.errors import CorruptRecordException
 from aiokafka.record._crecords import DefaultRecordBatchBuilder as CBuilder, LegacyRecordBatchBuilder
@@ -133,8 +135,21 @@ def test_old_message_formats_keep_aiokafkas_check():
     assert not CheckedMemoryRecords(bytes(legacy)).next_batch().validate_crc()
 
 
-def test_install_is_idempotent():
-    from aiokafka.consumer import fetcher
-
+def test_aiokafkas_producer_builds_its_batches_here_after_a_second_install(monkeypatch):
+    """Through aiokafka's own ``create_batch``: the producer's batch is built by LeanBatchBuilder
+    (installing again changes nothing), and reads back as aiokafka's reader reads it."""
     kafkacrc.install()
-    assert fetcher.MemoryRecords is CheckedMemoryRecords
+    built = []
+    build_lean = LeanBatchBuilder.build
+    monkeypatch.setattr(LeanBatchBuilder, "build", lambda self: built.append(self) or build_lean(self))
+
+    async def one_batch() -> bytes:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")  # never started: no broker needed
+        batch = producer.create_batch()
+        assert batch.append(timestamp=1_700_000_000_000, key=b"cam0:1:7", value=b"frame") is not None
+        batch.close()
+        return bytes(batch._build())
+
+    data = asyncio.run(one_batch())
+    assert len(built) == 1
+    assert [(key, value) for _, _, key, value, _ in records_of(MemoryRecords(data))] == [(b"cam0:1:7", b"frame")]
