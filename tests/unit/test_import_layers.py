@@ -1,6 +1,6 @@
-"""The import contracts of pyproject.toml ([tool.importlinter]) hold: tools -> worker -> agents ->
+"""The import contracts of pyproject.toml ([tool.importlinter]) hold: tools -> agents -> worker ->
 tables -> vocabulary, the vocabulary imports nothing above it, and no package's modules import
-each other in a cycle.
+each other in a cycle, counting imports made for type checking only.
 
 ``agents/`` and ``tables/`` install as streamapp.agents and streamapp.tables from folders outside
 ``streamapp/``, and import-linter reads a package from its folder, so the check runs on a copy
@@ -37,8 +37,16 @@ def test_imports_follow_the_layers(tmp_path):
     assert "0 broken" in finished.stdout
 
 
+def importlinter_config() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+def test_imports_for_type_checking_only_count():
+    assert importlinter_config()["exclude_type_checking_imports"] is False
+
+
 def test_every_vocabulary_module_is_under_contract():
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    config = importlinter_config()
     vocabulary, = (contract for contract in config["contracts"] if contract["type"] == "forbidden")
     root_modules = {f"streamapp.{path.stem}" for path in (REPO / "streamapp").glob("*.py")
                     if path.stem not in ("__init__", "app")}
