@@ -41,7 +41,7 @@ from streamapp.wire import Detections, Frame, Joined
 
 if TYPE_CHECKING:
     from streamapp.tables.transaction import JoinTransaction, WriteRetry
-    from streamapp.worker.outputs import Outbox
+    from streamapp.worker.outbox import Outbox
     from streamapp.worker.stage import Stage
 
 

@@ -34,9 +34,9 @@ from streamapp.batches import acked_when_done
 from streamapp.diskspace import DiskFull, SpacePause, free_bytes_of, resume_bytes_for, usage_of
 from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decode_jpeg, encode_jpeg
 from streamapp.opencv import cv2
-from streamapp.outputs import SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir, video_segments
 from streamapp.previewframes import LatestFrames
 from streamapp.settings import Settings, SettingsError
+from streamapp.sinkfiles import SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir, video_segments
 from streamapp.units import format_bytes
 from streamapp.wire import Box, FrameId, Joined
 

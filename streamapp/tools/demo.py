@@ -29,8 +29,8 @@ from streamapp.agents.sink import VideoAssembler
 from streamapp.agents.source import video_file_frames
 from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox, match_boxes
-from streamapp.outputs import frame_path, video_segments
 from streamapp.settings import STAGES, Settings
+from streamapp.sinkfiles import frame_path, video_segments
 from streamapp.tools.contactsheet import save_contact_sheet
 from streamapp.tools.harness import Pipeline, delete_topics, ensure_broker, read_joined_until, synthetic_streams
 from streamapp.tools.publisher import FramePublisher

@@ -35,7 +35,7 @@ from streamapp.worker.metrics import (
     faust_monitor,
     memory_budget_gauges,
 )
-from streamapp.worker.outputs import OutputThread
+from streamapp.worker.outbox import OutputThread
 from streamapp.worker.producer import KeyPartitioner
 from streamapp.worker.stage import AppTopics, Stage
 

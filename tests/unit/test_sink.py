@@ -20,8 +20,8 @@ from streamapp.agents.sink import (
 from streamapp.agents.source import SyntheticScene, to_frame
 from streamapp.diskspace import DiskFull
 from streamapp.imaging import CorruptFrame, decode_jpeg
-from streamapp.outputs import frame_path, video_segments
 from streamapp.settings import Settings, SettingsError
+from streamapp.sinkfiles import frame_path, video_segments
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 NOW_MS = 1_700_000_000_000
