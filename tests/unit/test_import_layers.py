@@ -37,6 +37,26 @@ def test_imports_follow_the_layers(tmp_path):
     assert "0 broken" in finished.stdout
 
 
+MODULE_CYCLES = """
+import grimp
+graph = grimp.build_graph("streamapp", include_external_packages=False, exclude_type_checking_imports=False)
+cycles = {frozenset(graph.find_shortest_chain(imported, importer) or ()) | {importer, imported}
+          for importer in graph.modules for imported in graph.find_modules_directly_imported_by(importer)
+          if graph.find_shortest_chain(imported, importer)}
+print(len(graph.modules), sorted(sorted(cycle) for cycle in cycles))
+"""
+
+
+def test_no_module_imports_itself_through_others(tmp_path):
+    """Across packages too, imports for type checking included."""
+    root = installed_layout(tmp_path)
+    finished = subprocess.run([sys.executable, "-c", MODULE_CYCLES], cwd=root, env={"PYTHONPATH": str(root)},
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    count, cycles = finished.stdout.split(" ", 1)
+    assert int(count) > 60 and cycles.strip() == "[]", cycles
+
+
 def importlinter_config() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
 
