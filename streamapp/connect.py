@@ -48,6 +48,7 @@ Client = TypeVar("Client", bound=KafkaClient)
 
 
 def not_authorized(settings: Settings, operation: str, resource: str) -> NotAuthorized:
+    """A missing ACL, named with the principal the broker sees and the brokers asked."""
     return NotAuthorized(principal(settings), operation, resource, settings.bootstrap_servers)
 
 
