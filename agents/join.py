@@ -40,9 +40,8 @@ from streamapp.units import event_bytes
 from streamapp.wire import Detections, Frame, Joined
 
 if TYPE_CHECKING:
-    from streamapp.tables.transaction import JoinTransaction
-    from streamapp.tables.window import WriteRetry
-    from streamapp.worker.outputs import Outbox
+    from streamapp.tables.transaction import JoinTransaction, WriteRetry
+    from streamapp.worker.outbox import Outbox
     from streamapp.worker.stage import Stage
 
 

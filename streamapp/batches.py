@@ -10,9 +10,10 @@ and the next batch can be taken while this one's outputs are on their way; a bat
 
 The batch is taken straight from the stream's buffer, which the conductor fills. Iterating the
 stream would run Faust's per-event machinery (an event-loop turn, the processors, the context
-variable) for each record: about 7 % of the join worker's CPU in a backlog drain. What of it
-matters is done here once per record: skipping records fetched before a rebalance, tracking
-each for the commit, and the sensors (once per batch when the worker's monitor is the only one).
+variable) for each record, a cost that shows in a backlog drain (docs/benchmarks.md,
+Measurements). What of it matters is done here once per record: skipping records fetched before
+a rebalance, tracking each for the commit, and the sensors (once per batch when the worker's
+monitor is the only one).
 
 A :class:`HoldBack` may keep events taken for a batch back for a later one (the join holds a
 record until its partner may have been read, so that the two are decided together). Held events
@@ -93,8 +94,8 @@ class PerEventSensors:
 
 class BatchSensors:
     """The worker's monitor, when it is the only sensor: one call per batch in and one out instead
-    of four per event (with the Prometheus families, a tenth of the join worker's CPU at 3,000
-    pairs/s). The counts are the same; an event's runtime is its batch's."""
+    of four per event (docs/benchmarks.md, "Sensors once per batch"). The counts are the same; an
+    event's runtime is its batch's."""
 
     def __init__(self, stream: Stream, monitor: BatchMonitor) -> None:
         self.stream, self.monitor, self.consumer = stream, monitor, stream.app.consumer

@@ -20,14 +20,22 @@ from aiokafka import errors as kafka_errors
 from aiokafka.conn import collect_hosts, create_conn
 from aiokafka.errors import KafkaConnectionError
 
-from streamapp.errors import BrokerUnreachable, ExitCode, StreamappError
+from streamapp.errors import (
+    AuthenticationFailed,
+    BrokerUnreachable,
+    CertificateUntrusted,
+    HandshakeFailed,
+    HostnameMismatch,
+    MechanismRefused,
+    NotAuthorized,
+    StreamappError,
+)
 from streamapp.kafkasecurity import security_options
 from streamapp.settings import Settings
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and _IP_ADDRESS_MISMATCH: the certificate is trusted
 # but names other hosts.
 _NAME_MISMATCH = (62, 64)
-ACL_DOC = "docs/operations.md, Kafka ACLs"
 
 
 class KafkaClient(Protocol):
@@ -39,44 +47,9 @@ class KafkaClient(Protocol):
 Client = TypeVar("Client", bound=KafkaClient)
 
 
-class AuthenticationFailed(StreamappError, PermissionError):
-    """The broker refused the SASL user or password (or the OAuth token)."""
-
-    exit_code = ExitCode.AUTH_FAILED
-
-
-class MechanismRefused(StreamappError, PermissionError):
-    """The broker does not offer STREAMAPP_SASL_MECHANISM."""
-
-    exit_code = ExitCode.MECHANISM_REFUSED
-
-
-class CertificateUntrusted(StreamappError, PermissionError):
-    """No CA of STREAMAPP_SSL_CA_FILE (or the system's) signed the broker's certificate."""
-
-    exit_code = ExitCode.CERTIFICATE_UNTRUSTED
-
-
-class HostnameMismatch(StreamappError, PermissionError):
-    """The broker's certificate does not name the host connected to."""
-
-    exit_code = ExitCode.HOSTNAME_MISMATCH
-
-
-class HandshakeFailed(StreamappError, ConnectionError):
-    """TLS or SASL failed otherwise: most often the listener speaks another protocol."""
-
-    exit_code = ExitCode.HANDSHAKE_FAILED
-
-
-class NotAuthorized(StreamappError, PermissionError):
-    """An ACL is missing: the message names the principal, the operation and the resource."""
-
-    exit_code = ExitCode.NOT_AUTHORIZED
-
-    def __init__(self, settings: Settings, operation: str, resource: str) -> None:
-        super().__init__(f"{principal(settings)} may not {operation} {resource} on {settings.bootstrap_servers}",
-                         f"grant it that ACL (the ACLs each stage needs: {ACL_DOC})")
+def not_authorized(settings: Settings, operation: str, resource: str) -> NotAuthorized:
+    """A missing ACL, named with the principal the broker sees and the brokers asked."""
+    return NotAuthorized(principal(settings), operation, resource, settings.bootstrap_servers)
 
 
 def principal(settings: Settings) -> str:
@@ -91,14 +64,14 @@ def principal(settings: Settings) -> str:
 
 @contextlib.contextmanager
 def acl_errors_named(settings: Settings, *, operation: str, topics: str) -> Iterator[None]:
-    """Within it, Kafka's answer that an ACL is missing is raised as :class:`NotAuthorized`
+    """Within it, Kafka's answer that an ACL is missing is raised as :class:`~streamapp.errors.NotAuthorized`
     (an idempotent producer on a broker before Kafka 2.8 also needs IDEMPOTENT_WRITE on the cluster)."""
     try:
         yield
     except kafka_errors.TopicAuthorizationFailedError:
-        raise NotAuthorized(settings, operation, f"topic {topics}") from None
+        raise not_authorized(settings, operation, f"topic {topics}") from None
     except kafka_errors.ClusterAuthorizationFailedError:
-        raise NotAuthorized(settings, "IDEMPOTENT_WRITE", "the cluster") from None
+        raise not_authorized(settings, "IDEMPOTENT_WRITE", "the cluster") from None
 
 
 @contextlib.contextmanager

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import enum
 
+# Where the ACLs each stage needs are listed.
+ACL_DOC = "docs/operations.md, Kafka ACLs"
+
 
 class ExitCode(enum.IntEnum):
     """Exit codes of ``streamapp`` and of a worker that refuses to start (docs/operations.md, Errors and exit codes)."""
@@ -74,3 +77,43 @@ class SeamMovedError(StreamappError):
     def __init__(self, what: str) -> None:
         super().__init__(what, "install the pinned versions (pip install -c constraints.txt .); "
                                "`streamapp check-upgrade` lists every seam a newer release moves")
+
+
+class AuthenticationFailed(StreamappError, PermissionError):
+    """The broker refused the SASL user or password (or the OAuth token)."""
+
+    exit_code = ExitCode.AUTH_FAILED
+
+
+class MechanismRefused(StreamappError, PermissionError):
+    """The broker does not offer STREAMAPP_SASL_MECHANISM."""
+
+    exit_code = ExitCode.MECHANISM_REFUSED
+
+
+class CertificateUntrusted(StreamappError, PermissionError):
+    """No CA of STREAMAPP_SSL_CA_FILE (or the system's) signed the broker's certificate."""
+
+    exit_code = ExitCode.CERTIFICATE_UNTRUSTED
+
+
+class HostnameMismatch(StreamappError, PermissionError):
+    """The broker's certificate does not name the host connected to."""
+
+    exit_code = ExitCode.HOSTNAME_MISMATCH
+
+
+class HandshakeFailed(StreamappError, ConnectionError):
+    """TLS or SASL failed otherwise: most often the listener speaks another protocol."""
+
+    exit_code = ExitCode.HANDSHAKE_FAILED
+
+
+class NotAuthorized(StreamappError, PermissionError):
+    """An ACL is missing: the message names the principal, the operation and the resource."""
+
+    exit_code = ExitCode.NOT_AUTHORIZED
+
+    def __init__(self, principal: str, operation: str, resource: str, bootstrap: str) -> None:
+        super().__init__(f"{principal} may not {operation} {resource} on {bootstrap}",
+                         f"grant it that ACL (the ACLs each stage needs: {ACL_DOC})")

@@ -30,8 +30,7 @@ _START_OF_SCAN = re.compile(b"\xff\xda")
 # progressive JPEG is another pass over all of its coefficients.
 MAX_SCANS = 100
 # Bytes a decode takes per pixel: the BGR image (3), and as much again that OpenCV's decoder holds
-# beside it until it returns (measured: a 2048x2048 JPEG raised the peak by 26 MiB, a 16384x16384
-# one by 1.5 GiB, twice their images).
+# beside it until it returns (measured: docs/benchmarks.md, Measurements).
 DECODE_BYTES_PER_PIXEL = 6
 # Bytes per sample of a component's DCT coefficients, which libjpeg keeps for the whole image
 # until the last scan when a JPEG has more than one.

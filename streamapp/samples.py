@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 # Seconds: from a fast local join to the default 5 s TTL and beyond (a TTL raised by the user).
 JOIN_LATENCY_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-# Seconds: colour detector (~1 ms) to HOG on large frames (~500 ms).
+# Seconds: from the colour detector on a scaled frame to the slow detectors on large ones (per-frame
+# costs: docs/benchmarks.md, Measurements).
 INFER_LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 

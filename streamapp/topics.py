@@ -22,7 +22,7 @@ from aiokafka.errors import (
     GroupCoordinatorNotAvailableError,
 )
 
-from streamapp.connect import NotAuthorized, diagnose, principal, quiet_logger
+from streamapp.connect import diagnose, not_authorized, principal, quiet_logger
 from streamapp.errors import ExitCode, StreamappError
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
@@ -297,7 +297,7 @@ async def check_group(admin: AIOKafkaAdminClient, settings: Settings, *, attempt
             await admin.find_coordinator(settings.group_id)
             return
         except GroupAuthorizationFailedError:
-            raise NotAuthorized(settings, "READ", f"consumer group {settings.group_id}") from None
+            raise not_authorized(settings, "READ", f"consumer group {settings.group_id}") from None
         except (GroupCoordinatorNotAvailableError, CoordinatorLoadInProgressError):
             await asyncio.sleep(0.25)
 
@@ -313,7 +313,7 @@ async def partition_counts(admin: AIOKafkaAdminClient, settings: Settings, names
             return {topic["topic"]: len(topic["partitions"]) for topic in described}
         unauthorized = sorted(name for name, code in errors.items() if code == _TOPIC_AUTHORIZATION_FAILED)
         if unauthorized:
-            raise NotAuthorized(settings, "DESCRIBE", f"topic {', '.join(unauthorized)}")
+            raise not_authorized(settings, "DESCRIBE", f"topic {', '.join(unauthorized)}")
         if set(errors.values()) != {_UNKNOWN_TOPIC_OR_PARTITION} or attempt == attempts - 1:
             listing = ", ".join(f"{name} (error {code})" for name, code in sorted(errors.items()))
             raise TopicError(f"topics cannot be described: {listing}")

@@ -92,7 +92,8 @@ class HeadFloors:
 
     Entries leave each range from its head (earliest deadline or event time first), and RocksDB
     keeps each deleted key as a tombstone until a compaction drops it, so a read from the first
-    possible key steps over every entry deleted since: at every expiry, 6.4 % of a backlog drain in a profile.
+    possible key steps over every entry deleted since, at every expiry (docs/benchmarks.md,
+    "Expiry over tombstones").
     A floor is never above a live key of its range, so a read from it finds the same keys and
     steps over only what was deleted since the last read."""
 

@@ -13,20 +13,28 @@ through the writes its ``base`` still holds, and commits after it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 
-if TYPE_CHECKING:
-    from streamapp.tables.window import JoinWindow, WriteRetry
-
+# Runs a store write until the disk takes it (DiskGuard.written): a full disk, or RocksDB refusing
+# writes while its flushes catch up.
+WriteRetry = Callable[[Callable[[], None]], Awaitable[None]]
+# Reads a partition's entry as stored (JoinWindow.get).
+Reader = Callable[[int, bytes], Entry | None]
+# Stores one partition's changes in one atomic batch through the retry, then sends their changelog
+# records (JoinWindow.write).
+Writer = Callable[[int, list[tuple[bytes, bytes | None]], WriteRetry], Awaitable[None]]
 
 _NOTHING_HELD: dict[bytes, Entry | None] = {}  # never written: what a partition without writes holds
 
 
 class JoinTransaction:
-    def __init__(self, window: JoinWindow, base: JoinTransaction | None = None) -> None:
-        self.window, self.base = window, base
+    """``pair_met`` is called for each pair whose two sides meet inside this transaction."""
+
+    def __init__(self, read: Reader, write: Writer, pair_met: Callable[[], None],
+                 base: JoinTransaction | None = None) -> None:
+        self.read, self.write, self.pair_met, self.base = read, write, pair_met, base
         self.held: dict[int, dict[bytes, Entry | None]] = {}
 
     def partition(self, number: int) -> PartitionWrites:
@@ -36,18 +44,18 @@ class JoinTransaction:
         """Write each partition's changes (through ``retry``) and send their changelog records."""
         for number in list(self.held):
             changes = [(key, None if entry is None else entry.encode()) for key, entry in self.held[number].items()]
-            await self.window.write(number, changes, retry)
+            await self.write(number, changes, retry)
             del self.held[number]  # written: a retry of the commit does not send it again
         self.base = None
 
     def get(self, number: int, key: bytes) -> Entry | None:
-        """The entry as this transaction sees it: its own writes, then its base's, then the window.
+        """The entry as this transaction sees it: its own writes, then its base's, then the store.
         A base's own base has committed before this transaction was begun (a run finishes each
-        batch before it decides the one after next), so its writes are in the window."""
+        batch before it decides the one after next), so its writes are stored."""
         for transaction in (self, self.base):
             if transaction is not None and key in (held := transaction.held.get(number, _NOTHING_HELD)):
                 return held[key]
-        return self.window.get(number, key)
+        return self.read(number, key)
 
 
 class PartitionWrites:
@@ -65,5 +73,5 @@ class PartitionWrites:
         held = self.transaction.held.setdefault(self.number, {})
         waiting = held.get(key)
         if entry is not None and entry.kind == EntryKind.JOINED and waiting is not None and waiting.kind in OTHER_SIDE:
-            self.transaction.window.pairs_completed_in_batch += 1
+            self.transaction.pair_met()
         held[key] = entry

@@ -27,7 +27,7 @@ from streamapp.tables.changelog import ChangelogWriter
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.memory import RocksMemory
 from streamapp.tables.progress import ReadProgress
-from streamapp.tables.transaction import JoinTransaction
+from streamapp.tables.transaction import JoinTransaction, WriteRetry
 
 if TYPE_CHECKING:
     from streamapp.tables.store import JoinStore
@@ -53,9 +53,6 @@ class DueOutcome:
 
 
 DueHandler = Callable[[bytes, Entry, int], Awaitable[DueOutcome]]
-# Runs a store write until the disk takes it (DiskGuard.written): a full disk, or RocksDB refusing
-# writes while its flushes catch up.
-WriteRetry = Callable[[Callable[[], None]], Awaitable[None]]
 
 
 class JoinWindow:
@@ -99,7 +96,10 @@ class JoinWindow:
 
     def transaction(self, base: JoinTransaction | None = None) -> JoinTransaction:
         """Writes held until committed; decided on top of ``base``'s, if it has not committed yet."""
-        return JoinTransaction(self, base)
+        return JoinTransaction(self.get, self.write, self._count_pair_met, base)
+
+    def _count_pair_met(self) -> None:
+        self.pairs_completed_in_batch += 1
 
     async def write(self, partition: int, changes: list[tuple[bytes, bytes | None]], retry: WriteRetry) -> None:
         """Store ``changes`` in one atomic batch through ``retry``, then send their changelog records."""

@@ -1,14 +1,15 @@
 """Record batches built and checked with the processor's CRC instruction.
 
 aiokafka checksums (CRC-32C) every record batch it builds and checks every batch it fetches with a
-table-driven C loop (about 1.5 GB/s here), and its C builder copies each value into the batch as
-it is appended. For ~50 KB frames the checksums were a sixth of the join worker's CPU at 2,250
-pairs/s live, and as much again in a process that publishes and reads them. The ``crc32c``
-package uses SSE 4.2 or ARMv8 CRC instructions (about 18 GB/s here), with a software fallback.
+table-driven C loop, and its C builder copies each value into the batch as it is appended. For
+~50 KB frames the checksums were among the join worker's largest costs, and a process that
+publishes and reads them pays them too (docs/benchmarks.md, "Checksums by the CPU's
+instruction"). The ``crc32c`` package uses SSE 4.2 or ARMv8 CRC instructions, with a software
+fallback.
 
 * **Built batches** (:class:`LeanBatchBuilder`): an uncompressed batch keeps each record as its
-  small fields and a reference to its value, and joins them once when it is built, so a 49 KB
-  record costs about 10 µs instead of 33 (a 300-byte one 3.4 µs instead of 0.4); its checksum is
+  small fields and a reference to its value, and joins them once when it is built, instead of
+  copying each value as it is appended; its checksum is
   computed over the batch in place, where aiokafka's copied the batch first. The bytes are those
   of aiokafka's builders; compressed batches are built by aiokafka's own Python builder.
 * **Fetched batches** are still read by aiokafka's C reader; only the check of each v2 batch's

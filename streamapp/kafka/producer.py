@@ -39,9 +39,9 @@ _MEMO_ENTRY_BYTES = 120
 
 class KeyPartitioner:
     """Kafka's default partitioner (murmur2 of the key, modulo the partitions; random without a
-    key), remembering the hash of each recent key. aiokafka's murmur2 is pure Python, about 2 %
-    of a join worker's CPU in a backlog drain, and the stages' keys repeat: a bucket key stands for
-    a whole bucket of frames."""
+    key), remembering the hash of each recent key. aiokafka's murmur2 is pure Python, a cost in a
+    backlog drain (docs/benchmarks.md, "Partition hashing"), and the stages' keys repeat: a bucket
+    key stands for a whole bucket of frames."""
 
     def __init__(self, max_bytes: int = KEY_HASH_MEMO_BYTES) -> None:
         self.max_bytes = max_bytes

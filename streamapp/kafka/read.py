@@ -4,13 +4,13 @@ joining them first.
 aiokafka reads each response with ``StreamReader.readexactly(size)``. asyncio's reader extends one
 bytearray with every socket read, pausing the socket each time it holds 128 KiB, and then copies
 the whole response out of it. A backlog's fetch responses are many MiB (~50 KB frames, up to the
-fetch limit on every partition), and that buffering was 16 % of the join worker's time holding
-the GIL in a drain, more than its join decisions. :class:`WholeResponseReader` keeps the socket's
+fetch limit on every partition), and in a drain that buffering held the GIL longer than the join
+decisions (docs/benchmarks.md). :class:`WholeResponseReader` keeps the socket's
 reads of a large response as they come (:class:`ResponseChunks`).
 
 aiokafka then decodes a response from ``io.BytesIO(response)``, which copies each record set out of
-the response again. Joining the chunks into one bytes first would be a third copy, 9 % of the
-worker's samples in a drain. A large response is decoded from :class:`ChunksReader` instead: a
+the response again. Joining the chunks into one bytes first would be a third copy ("Fetch
+responses decoded from the socket's reads"). A large response is decoded from :class:`ChunksReader` instead: a
 record set is joined once from the reads it spans, and the whole response never exists as one.
 
 Nothing is buffered beyond the response aiokafka asked for, which its fetch limits bound.

@@ -25,12 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from streamapp import assets, wire
-from streamapp.agents.sink import VideoAssembler, save_contact_sheet
+from streamapp.agents.sink import VideoAssembler
 from streamapp.agents.source import video_file_frames
 from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox, match_boxes
-from streamapp.outputs import frame_path, video_segments
 from streamapp.settings import STAGES, Settings
+from streamapp.sinkfiles import frame_path, video_segments
+from streamapp.tools.contactsheet import save_contact_sheet
 from streamapp.tools.harness import Pipeline, delete_topics, ensure_broker, read_joined_until, synthetic_streams
 from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker, wait_until

@@ -36,7 +36,7 @@ from streamapp.worker.metrics import (
     consumer_gauges,
     memory_budget_gauges,
 )
-from streamapp.worker.outputs import OutputThread
+from streamapp.worker.outbox import OutputThread
 from streamapp.worker.stage import AppTopics, Stage
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class StreamApp(KafkaApp):
     memory_plan: MemoryPlan
     dropped: OverloadCounts
     stream_buffers: list[ByteBoundedQueue]
-    # Counted once, when frozen: each count walks every frozen object (~10 ms a scrape, 2 % of a drain).
+    # Counted once, when frozen: each count walks every frozen object ("A gauge that walked the heap").
     frozen_objects = 0
 
     async def on_first_start(self) -> None:
@@ -73,8 +73,8 @@ class StreamApp(KafkaApp):
     async def on_started(self) -> None:
         await super().on_started()
         # What the worker built to start (modules, Faust's services, the tables) lives as long as
-        # it does. Frozen, a full collection no longer walks it: its 25-40 ms pause, one every few
-        # seconds under load, becomes 1-2 ms, which is most of a live join's p99 latency budget.
+        # it does. Frozen, a full collection no longer walks it, and its pause, one every few seconds
+        # under load, no longer takes most of a live join's p99 latency budget (docs/benchmarks.md).
         gc.collect()
         gc.freeze()
         self.frozen_objects = gc.get_freeze_count()
@@ -98,8 +98,8 @@ class StreamApp(KafkaApp):
 _BUFFERED_RECORD_BYTES = 4 * 1024**2
 _MIN_BUFFER_RECORDS = 32
 # A poll moves records the consumer has already fetched, so the fetch limits bound its bytes. Each
-# poll is two hand-overs between the consumer's thread and the loop: at 64 records a poll, a
-# backlog drain ran 11 % slower (median of six alternating drains, 1,061 against 1,188 pairs/s).
+# poll is two hand-overs between the consumer's thread and the loop, so fewer records a poll
+# drained a backlog slower (docs/benchmarks.md, "One change was kept").
 POLL_RECORDS = 1000
 
 

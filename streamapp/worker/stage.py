@@ -21,7 +21,7 @@ from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.health import Readiness
 from streamapp.worker.metrics import Metrics
-from streamapp.worker.outputs import FaustOutbox, Outbox, OutputsInFlight, OutputThread, ThreadOutbox
+from streamapp.worker.outbox import FaustOutbox, Outbox, OutputsInFlight, OutputThread, ThreadOutbox
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class Stage:
     buffer_records: int
     batch_bytes: int
     # The join's; None without a join, and under exactly-once, where outputs join Faust's
-    # transaction (streamapp.worker.outputs).
+    # transaction (streamapp.worker.outbox).
     output_thread: OutputThread | None
     # One thread for pixel work: decoded images exist one at a time (R7) and the event loop
     # stays free to heartbeat while a frame is decoded, detected or drawn.

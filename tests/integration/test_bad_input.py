@@ -24,8 +24,8 @@ from streamapp import wire
 from streamapp.agents.source import synthetic_frames
 from streamapp.imaging import encode_jpeg
 from streamapp.jpeg import CorruptFrame, OverPixelBudget, jpeg_size
-from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import read_topic, wait_for
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher

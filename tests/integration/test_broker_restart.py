@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import publish_frames, read_joined, wait_for
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.processes import free_port

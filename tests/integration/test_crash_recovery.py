@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.sinkfiles import frame_path
 from streamapp.tools.chaos import ChaosOptions, run_chaos
 from streamapp.tools.harness import Pipeline, publish_frames, read_joined, wait_for
 

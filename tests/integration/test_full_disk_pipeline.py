@@ -8,8 +8,8 @@ import shutil
 import pytest
 import rocksdict
 
-from streamapp.outputs import frame_path, video_segments
 from streamapp.settings import Settings
+from streamapp.sinkfiles import frame_path, video_segments
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.store import EXPIRY_FAMILY
 from streamapp.tools.harness import Pipeline, publish_frames, read_joined, wait_for

@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaConsumer
 
 from streamapp.settings import Settings
 from streamapp.topics import ensure_topics, max_record_bytes, topic_names
-from streamapp.worker.outputs import OUTPUT_CONNECTIONS, OutputThread
+from streamapp.worker.outbox import OUTPUT_CONNECTIONS, OutputThread
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
-from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import processed, read_joined, wait_for
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher, producer_config

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import Pipeline, publish_frames, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]

@@ -9,8 +9,8 @@ import time
 import pytest
 from aiokafka import TopicPartition
 
-from streamapp.outputs import frame_path
 from streamapp.settings import STAGES, Settings
+from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import Pipeline, SteadyCameras, output_consumer, read_joined
 from streamapp.topics import topic_names
 

@@ -17,8 +17,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streamapp.outputs import frame_path
 from streamapp.settings import Settings
+from streamapp.sinkfiles import frame_path
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.replay.predict import Prediction, predict
 from streamapp.tools.replay.publish import ReplayTarget, Sent, publish

@@ -1,6 +1,6 @@
-"""The import contracts of pyproject.toml ([tool.importlinter]) hold: tools -> worker -> agents ->
+"""The import contracts of pyproject.toml ([tool.importlinter]) hold: tools -> agents -> worker ->
 tables -> vocabulary, the vocabulary imports nothing above it, and no package's modules import
-each other in a cycle.
+each other in a cycle, counting imports made for type checking only.
 
 ``agents/`` and ``tables/`` install as streamapp.agents and streamapp.tables from folders outside
 ``streamapp/``, and import-linter reads a package from its folder, so the check runs on a copy
@@ -37,8 +37,36 @@ def test_imports_follow_the_layers(tmp_path):
     assert "0 broken" in finished.stdout
 
 
+MODULE_CYCLES = """
+import grimp
+graph = grimp.build_graph("streamapp", include_external_packages=False, exclude_type_checking_imports=False)
+cycles = {frozenset(graph.find_shortest_chain(imported, importer) or ()) | {importer, imported}
+          for importer in graph.modules for imported in graph.find_modules_directly_imported_by(importer)
+          if graph.find_shortest_chain(imported, importer)}
+print(len(graph.modules), sorted(sorted(cycle) for cycle in cycles))
+"""
+
+
+def test_no_module_imports_itself_through_others(tmp_path):
+    """Across packages too, imports for type checking included."""
+    root = installed_layout(tmp_path)
+    finished = subprocess.run([sys.executable, "-c", MODULE_CYCLES], cwd=root, env={"PYTHONPATH": str(root)},
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    count, cycles = finished.stdout.split(" ", 1)
+    assert int(count) > 60 and cycles.strip() == "[]", cycles
+
+
+def importlinter_config() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+def test_imports_for_type_checking_only_count():
+    assert importlinter_config()["exclude_type_checking_imports"] is False
+
+
 def test_every_vocabulary_module_is_under_contract():
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    config = importlinter_config()
     vocabulary, = (contract for contract in config["contracts"] if contract["type"] == "forbidden")
     root_modules = {f"streamapp.{path.stem}" for path in (REPO / "streamapp").glob("*.py")
                     if path.stem not in ("__init__", "app")}

@@ -17,15 +17,15 @@ import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from streamapp import kafkasecurity
-from streamapp.connect import (
+from streamapp.connect import connection_error
+from streamapp.errors import (
     AuthenticationFailed,
     CertificateUntrusted,
+    ExitCode,
     HandshakeFailed,
     HostnameMismatch,
     MechanismRefused,
-    connection_error,
 )
-from streamapp.errors import ExitCode
 from streamapp.kafkasecurity import ClientCredentialsTokens, TokenEndpointError
 from streamapp.settings import Secret, Settings, SettingsError
 

@@ -67,3 +67,23 @@ def test_the_documented_acls_are_the_ones_the_local_broker_grants():
                 else acl.name, acl.pattern.name, ", ".join(acl.needed_by))
                for acl in pipeline_acls(Settings(processing_guarantee="exactly_once"))]
     assert documented == granted
+
+
+def settings_rows(page: str) -> list[str]:
+    """The settings each table of ``page`` documents: a table whose header has a "default" column."""
+    names = []
+    for table in re.findall(r"(?:^\|.*\n)+", page, re.M):
+        header, *rows = table.splitlines()
+        if "| default |" in header:
+            names += [name for row in rows for name in re.findall(r"^\| `(STREAMAPP_[A-Z_]+)`", row)]
+    return names
+
+
+def test_each_setting_has_one_row_in_all_the_docs():
+    """The settings table of docs/operations.md is the only one; every other page links to it."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    pages = {page.name: page.read_text() for page in [docs.parent / "README.md", *docs.glob("*.md")]}
+    elsewhere = sorted(name for name, text in pages.items() if name != "operations.md" and settings_rows(text))
+    names = settings_rows(pages["operations.md"])
+    assert not elsewhere, f"settings tables outside docs/operations.md: {elsewhere}"
+    assert len(names) == len(set(names)) > 40, sorted({name for name in names if names.count(name) > 1})

@@ -1,6 +1,6 @@
 """An outbox's ``acked()`` is only for waiting: it is done once every output is acknowledged or
 failed, never fails itself, and ``delivered()`` is where a failure is raised; the outputs on their
-way are counted until they are acknowledged (streamapp.worker.outputs)."""
+way are counted until they are acknowledged (streamapp.worker.outbox)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import gc
 import pytest
 from aiokafka.errors import KafkaError
 
-from streamapp.worker.outputs import FaustOutbox, OutputsInFlight
+from streamapp.worker.outbox import FaustOutbox, OutputsInFlight
 
 
 class _Emitting:

@@ -14,16 +14,14 @@ from streamapp.agents.sink import (
     VideoAssemblers,
     annotate,
     check_sink_disk,
-    contact_sheet,
     label_colour,
-    save_contact_sheet,
     sink_disk_needed,
 )
 from streamapp.agents.source import SyntheticScene, to_frame
 from streamapp.diskspace import DiskFull
 from streamapp.imaging import CorruptFrame, decode_jpeg
-from streamapp.outputs import frame_path, video_segments
 from streamapp.settings import Settings, SettingsError
+from streamapp.sinkfiles import frame_path, video_segments
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 NOW_MS = 1_700_000_000_000
@@ -358,19 +356,6 @@ def test_a_sink_disk_too_small_for_one_segment_is_a_one_line_settings_error(disk
     assert "needs at least 704.0MiB" in message and fix in message
     if disk == 8 * MIB:
         assert "at most" not in message  # no budget that fits: the reserve alone is larger
-
-
-def test_contact_sheet(tmp_path):
-    sink = FrameFileSink(tmp_path)
-    _write_frames(sink, range(5))
-    paths = [sink.path_for(FrameId("cam", 1, index)) for index in range(5)]
-    sheet = contact_sheet(paths, columns=2, tile_width=100)
-    assert sheet.shape == (3 * 75, 2 * 100, 3)
-    assert sheet[-75:, 100:].max() == 0  # the sixth tile is empty
-    written = save_contact_sheet(tmp_path / "contact_sheet.png", paths, columns=3, tile_width=64)
-    assert cv2.imread(str(written)).shape == (2 * 48, 3 * 64, 3)
-    with pytest.raises(ValueError):
-        contact_sheet([])
 
 
 def _rss_bytes() -> int:

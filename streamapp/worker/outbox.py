@@ -4,17 +4,17 @@ On the worker's loop, sending a joined frame costs about as much as deciding it,
 of that (the produce request's CRC, its socket writes) runs without the GIL but still on the
 loop's thread, which decides nothing meanwhile. Here a batch hands its outputs over in chunks as
 it decides them, and a producer on another thread sends each chunk while the loop decides the
-rest (backlog drain +8 % in six runs side by side). The batch still waits for every output's ack
-before it writes the window and is acked, so offsets commit after their outputs (R4, R12), and
-the bytes on their way out stay within the batch's bound.
+rest: a backlog drains faster (docs/benchmarks.md, as for the connections below). The batch
+still waits for every output's ack before it writes the window and is acked, so offsets commit
+after their outputs (R4, R12), and the bytes on their way out stay within the batch's bound.
 
 aiokafka sends one produce request at a time per broker connection, and each carries at most one
 batch (1 MiB) of a partition; one camera's outputs all go to one partition, so in a backlog the
 outputs waited on that one request. The thread sends its chunks in turn over OUTPUT_CONNECTIONS
-producers, which keeps that many requests in flight (backlog drain +12 % in four pairs of
-alternating runs; three connections were no faster than two). Outputs of one partition may then
-leave in another order than decided; nothing downstream needs their order (frames already leave
-the join out of order: unmatched ones a TTL later), and every batch still waits for all its acks.
+producers, which keeps that many requests in flight (three connections were no faster than two).
+Outputs of one partition may then leave in another order than decided; nothing downstream needs
+their order (frames already leave the join out of order: unmatched ones a TTL later), and every
+batch still waits for all its acks.
 
 A chunk's records go to the producer in record batches per partition (streamapp.recordbatches),
 not through aiokafka's per-record ``send``; a record larger than a request is refused by
