@@ -21,7 +21,7 @@ class KafkaApp(faust.App):
 class PromptTableManager(TableManager):
     """Faust's table manager without the fixed one-second sleep it starts with (there to let
     tables be defined; ours all are, in create_app, before the worker starts). Every worker
-    pays that second at every start, a third of a restart's budget."""
+    pays that second at every start, inside a restart's time budget."""
 
     async def on_start(self) -> None:
         if not self.should_stop:

@@ -22,7 +22,7 @@ FAUST_METRICS_PREFIX = "faust"
 class LeanPrometheusMonitor(PrometheusMonitor):
     """Faust's Prometheus sensor, same families and values, with cheap per-record hooks. Faust's
     looks up each labelled child for every record (and renders a stream's label through a regex
-    each time): on a join worker that cost a third of its CPU per record. Here each child is
+    each time; docs/benchmarks.md, Measurements, has its cost). Here each child is
     looked up once per topic, partition or stream and kept (a few per input partition)."""
 
     def __init__(self, **kwargs) -> None:
@@ -135,7 +135,7 @@ class LeanPrometheusMonitor(PrometheusMonitor):
 
 def observe_times(histogram: PrometheusHistogram, amount: float, times: int) -> None:
     """``histogram.observe(amount)`` ``times`` times, in one step: a batch's events share their
-    runtime, and a thousand calls per batch were 1.4 % of the join worker's loop. Uses
+    runtime, and a call per event showed in the join worker's profile. Uses
     prometheus_client's own fields of a histogram without labels, as ``observe`` does."""
     histogram._raise_if_not_observable()
     histogram._sum.inc(amount * times)
