@@ -14,6 +14,12 @@ variable) for each record: about 7 % of the join worker's CPU in a backlog drain
 matters is done here once per record: skipping records fetched before a rebalance, tracking
 each for the commit, and the sensors (once per batch when the worker's monitor is the only one).
 
+A record taken while flow is suspended (a rebalance or a stop began) or fetched in an earlier
+generation is skipped and never acked, so that it is read again from the committed offset.
+Faust's own stream acks what it skips (streamapp.worker.consumer refuses those acks): acked, a
+stop's last commit took a skipped record's offset along with those after it, and the record was
+never handled.
+
 A :class:`HoldBack` may keep events taken for a batch back for a later one (the join holds a
 record until its partner may have been read, so that the two are decided together). Held events
 are taken and tracked, so their offsets do not commit, and are carried into the next batch.
@@ -27,7 +33,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 from faust import Stream
-from faust.types import ChannelT, EventT, Message
+from faust.types import AppT, ChannelT, EventT, Message
 
 from streamapp.units import event_bytes
 
@@ -86,9 +92,11 @@ class PerEventSensors:
         for event, state in zip(batch.events, batch.sensor_states, strict=True):
             ack(self.stream, event, state)
 
-    def drop(self, event: EventT) -> None:
-        """Ack an event never taken into a batch."""
-        ack(self.stream, event, None)
+    def let_go(self, batch: Batch) -> None:
+        """Let go unacked of events taken but never decided: counted out, never acked."""
+        for event, state in zip(batch.events, batch.sensor_states, strict=True):
+            message = event.message
+            self.stream._on_stream_event_out(message.tp, message.offset, self.stream, event, state)
 
 
 class BatchSensors:
@@ -115,9 +123,9 @@ class BatchSensors:
         if batch.time_in is not None:  # else never counted in (let go before it was decided)
             self.monitor.on_events_out(self.stream, len(batch.events), batch.time_in, finished)
 
-    def drop(self, event: EventT) -> None:
-        """Ack an event never taken into a batch, and so never counted in."""
-        event.ack()
+    def let_go(self, batch: Batch) -> None:
+        """Let go unacked of events taken but never decided: never counted in (batch_in), so
+        nothing to count out."""
 
 
 Sensors = PerEventSensors | BatchSensors
@@ -145,6 +153,13 @@ class HoldBack(Protocol):
     def poll_s(self) -> float:
         """How long the stream may wait for input while events are held: held events are looked
         at again this often."""
+
+
+def flowing(app: AppT, message: Message) -> bool:
+    """Whether ``message`` may be handled now: flow is not suspended (by a rebalance or a stop)
+    and it was fetched in the consumer's current generation. If not, it is read again from the
+    committed offset, so it must never be acked."""
+    return app.flow_control.is_active() and message.generation_id == app.consumer_generation_id
 
 
 def ack(stream: Stream, event: EventT, sensor_state: Any) -> None:
@@ -212,17 +227,15 @@ class _BufferedEvents:
         ready, stale = Batch(self.stream, self.sensors), Batch(self.stream, self.sensors)
         taken = list(zip(batch.events, batch.sensor_states, strict=True))
         for event, sensor_state in cast(HoldBack, self.hold_back).take(taken, time.monotonic()):
-            current = event.message.generation_id == self.app.consumer_generation_id
-            # Held over a rebalance: read again from the committed offset.
-            (ready if current and self.app.flow_control.is_active() else stale).add(event, sensor_state)
-        stale.ack()
+            # Held over a rebalance or into a stop: never acked, read again from the committed offset.
+            (ready if flowing(self.app, event.message) else stale).add(event, sensor_state)
+        self.sensors.let_go(stale)
         return ready
 
     def _take(self, event: EventT) -> None:
-        message, app = event.message, self.app
-        if not app.flow_control.is_active() or message.generation_id != app.consumer_generation_id:
-            self.sensors.drop(event)  # fetched before a rebalance: read again from the committed offset
-            return
+        message = event.message
+        if not flowing(self.app, message):
+            return  # never acked: read again from the committed offset
         if message.topic in self.acking_topics and not message.tracked:
             message.tracked = True
             self.sensors.track(message)
