@@ -273,15 +273,18 @@ async def acked_when_done(taken: AsyncIterator[Taken]) -> AsyncIterator[Taken]:
     """``stream.events()`` or ``stream.take_events(...)``, except that what the loop over it is
     handling when it is left, by a stop or an exception, is never acked.
 
-    Faust acks an event (or a taken list) in a ``finally`` around its ``yield``: when SIGTERM
-    cancels an agent in the middle of a frame, closing Faust's iterator acks that frame, and the
-    consumer's last commit on the way out commits it although nothing was sent for it: a frame
-    lost. Here each message so left holds one more reference, so Faust's ack leaves it unacked
-    and it is read again after the restart (R12)."""
+    Faust acks an event (or a taken list) in a ``finally`` around its ``yield``, and that runs
+    whenever its iterator is closed: when SIGTERM cancels an agent in the middle of a frame, and
+    earlier still for ``take_events``, which the stream's own stop closes while the agent is
+    still detecting the batch it yielded. The consumer's last commit on the way out then
+    committed records nothing was sent for: lost (R12). Here each message holds one more
+    reference while the loop handles it, given back only once the loop asks for the next, so no
+    ack of Faust's meanwhile is the last one: a record left unhandled is read again after the
+    restart."""
     async for item in taken:
-        try:
-            yield item
-        except GeneratorExit:
-            for event in item if isinstance(item, list) else [item]:
-                event.message.incref()
-            raise
+        events = item if isinstance(item, list) else [item]
+        for event in events:
+            event.message.incref()
+        yield item  # left here (GeneratorExit), the reference stays: never acked
+        for event in events:
+            event.ack()  # the last ack if Faust's came while the loop handled it

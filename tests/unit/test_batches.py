@@ -305,3 +305,35 @@ def test_an_event_whose_handling_a_stop_cancelled_is_not_acked(guarded):
 
     asyncio.run(scenario())
 
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_batch_whose_take_events_the_stream_s_stop_closes_is_not_acked(guarded):
+    """A stopping stream closes its ``take_events`` generator while the agent is still handling the
+    batch it yielded; Faust's generator acks the batch as it closes."""
+
+    async def scenario():
+        app = _app()
+        channel = app.channel()
+        stream = app.stream(channel)
+        handled = []
+
+        async def agent():
+            taken = stream.take_events(2, within=0.01)
+            async for batch in acked_when_done(taken) if guarded else taken:
+                handled.append(batch)
+                if len(handled) == 2:
+                    await asyncio.sleep(10)  # the stop comes in the middle of this one
+
+        task = asyncio.ensure_future(agent())
+        await asyncio.sleep(0.01)
+        events = await _put(app, channel, 4)
+        await asyncio.sleep(0.1)
+        await stream.stop()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)
+        assert handled == [events[:2], events[2:]]
+        assert [event.message.acked for event in events] == [True, True, not guarded, not guarded]
+
+    asyncio.run(scenario())
