@@ -15,6 +15,12 @@ Measurements). What of it matters is done here once per record: skipping records
 a rebalance, tracking each for the commit, and the sensors (once per batch when the worker's
 monitor is the only one).
 
+A record taken while flow is suspended (a rebalance or a stop began) or fetched in an earlier
+generation is skipped and never acked, so that it is read again from the committed offset.
+Faust's own stream acks what it skips (streamapp.worker.consumer refuses those acks): acked, a
+stop's last commit took a skipped record's offset along with those after it, and the record was
+never handled.
+
 A :class:`HoldBack` may keep events taken for a batch back for a later one (the join holds a
 record until its partner may have been read, so that the two are decided together). Held events
 are taken and tracked, so their offsets do not commit, and are carried into the next batch.
@@ -31,6 +37,7 @@ from faust import Stream
 from faust.types import EventT, Message
 
 from streamapp.kafka import streams
+from streamapp.kafka.streams import flowing
 from streamapp.units import event_bytes
 
 Taken = TypeVar("Taken", EventT, list[EventT])
@@ -87,9 +94,10 @@ class PerEventSensors:
         for event, state in zip(batch.events, batch.sensor_states, strict=True):
             ack(self.stream, event, state)
 
-    def drop(self, event: EventT) -> None:
-        """Ack an event never taken into a batch."""
-        ack(self.stream, event, None)
+    def let_go(self, batch: Batch) -> None:
+        """Let go unacked of events taken but never decided: counted out, never acked."""
+        for event, state in zip(batch.events, batch.sensor_states, strict=True):
+            streams.event_out(self.stream, event, state, last=False)
 
 
 class BatchSensors:
@@ -115,9 +123,9 @@ class BatchSensors:
         if batch.time_in is not None:  # else never counted in (let go before it was decided)
             self.monitor.on_events_out(self.stream, len(batch.events), batch.time_in, finished)
 
-    def drop(self, event: EventT) -> None:
-        """Ack an event never taken into a batch, and so never counted in."""
-        event.ack()
+    def let_go(self, batch: Batch) -> None:
+        """Let go unacked of events taken but never decided: never counted in (batch_in), so
+        nothing to count out."""
 
 
 Sensors = PerEventSensors | BatchSensors
@@ -145,6 +153,8 @@ class HoldBack(Protocol):
     def poll_s(self) -> float:
         """How long the stream may wait for input while events are held: held events are looked
         at again this often."""
+
+
 
 
 def ack(stream: Stream, event: EventT, sensor_state: Any) -> None:
@@ -208,17 +218,15 @@ class _BufferedEvents:
         ready, stale = Batch(self.stream, self.sensors), Batch(self.stream, self.sensors)
         taken = list(zip(batch.events, batch.sensor_states, strict=True))
         for event, sensor_state in cast(HoldBack, self.hold_back).take(taken, time.monotonic()):
-            current = event.message.generation_id == self.app.consumer_generation_id
-            # Held over a rebalance: read again from the committed offset.
-            (ready if current and self.app.flow_control.is_active() else stale).add(event, sensor_state)
-        stale.ack()
+            # Held over a rebalance or into a stop: never acked, read again from the committed offset.
+            (ready if flowing(self.app, event.message) else stale).add(event, sensor_state)
+        self.sensors.let_go(stale)
         return ready
 
     def _take(self, event: EventT) -> None:
-        message, app = event.message, self.app
-        if not app.flow_control.is_active() or message.generation_id != app.consumer_generation_id:
-            self.sensors.drop(event)  # fetched before a rebalance: read again from the committed offset
-            return
+        message = event.message
+        if not flowing(self.app, message):
+            return  # never acked: read again from the committed offset
         if message.topic in self.acking_topics and not message.tracked:
             message.tracked = True
             self.sensors.track(message)
@@ -256,15 +264,18 @@ async def acked_when_done(taken: AsyncIterator[Taken]) -> AsyncIterator[Taken]:
     """``stream.events()`` or ``stream.take_events(...)``, except that what the loop over it is
     handling when it is left, by a stop or an exception, is never acked.
 
-    Faust acks an event (or a taken list) in a ``finally`` around its ``yield``: when SIGTERM
-    cancels an agent in the middle of a frame, closing Faust's iterator acks that frame, and the
-    consumer's last commit on the way out commits it although nothing was sent for it: a frame
-    lost. Here each message so left holds one more reference, so Faust's ack leaves it unacked
-    and it is read again after the restart (R12)."""
+    Faust acks an event (or a taken list) in a ``finally`` around its ``yield``, and that runs
+    whenever its iterator is closed: when SIGTERM cancels an agent in the middle of a frame, and
+    earlier still for ``take_events``, which the stream's own stop closes while the agent is
+    still detecting the batch it yielded. The consumer's last commit on the way out then
+    committed records nothing was sent for: lost (R12). Here each message holds one more
+    reference while the loop handles it, given back only once the loop asks for the next, so no
+    ack of Faust's meanwhile is the last one: a record left unhandled is read again after the
+    restart."""
     async for item in taken:
-        try:
-            yield item
-        except GeneratorExit:
-            for event in item if isinstance(item, list) else [item]:
-                streams.keep_unacked(event)
-            raise
+        events = item if isinstance(item, list) else [item]
+        for event in events:
+            streams.keep_unacked(event)
+        yield item  # left here (GeneratorExit), the reference stays: never acked
+        for event in events:
+            event.ack()  # the last ack if Faust's came while the loop handled it

@@ -29,6 +29,12 @@ a backlog a fetch of only the partitions already read to their end (the small de
 one fetch) held every other partition back that long: the drain ran at half speed or less. Here the
 broker holds a fetch at most FETCH_MAX_WAIT_MS; an idle worker sends a small fetch that often.
 
+Faust's stream acks the records it skips because flow is suspended or they were fetched in an
+earlier generation, "otherwise the lag would increase". Acked, a skipped record's offset commits
+with those after it: a record that reaches a stream after a stop (or a rebalance) suspended flow
+was committed unhandled, and lost. Such an ack is refused here (:meth:`StreamappConsumer.ack`), so the record is read
+again from the committed offset.
+
 The consumer also says where each input partition is read from in a generation (its committed
 offset, as sought), which the join needs to tell "caught up" before it has read a partition, and
 counts the input that the broker's retention deleted before it was read (streamapp.unread).
@@ -46,11 +52,12 @@ from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP
+from faust.types import TP, Message
 from mode import Service
 
 from streamapp.kafka.handover import HandOver
 from streamapp.kafka.producer import StreamappProducer
+from streamapp.kafka.streams import flowing
 from streamapp.unread import UnreadGaps
 
 log = logging.getLogger(__name__)
@@ -78,6 +85,14 @@ class StreamappConsumer(faust_aiokafka.Consumer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.unread_gaps = UnreadGaps()
+
+    def ack(self, message: Message) -> bool:
+        """Mark ``message`` safe to commit, unless a stream skipped it unhandled: a stream tracks
+        each record it takes, after its skip test, so an untracked record acked while flow is
+        suspended, or fetched in an earlier generation, was skipped."""
+        if not message.tracked and not flowing(self.app, message):
+            return False
+        return super().ack(message)
 
     def _new_consumer_thread(self) -> ConsumerThread:
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)

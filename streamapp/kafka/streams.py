@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from faust import Stream
-from faust.types import ChannelT, EventT, Message
+from faust.types import AppT, ChannelT, EventT, Message
 
 
 def stream_buffer(stream: Stream) -> Any:
@@ -36,3 +36,9 @@ def track_unsensed(consumer: Any, message: Message) -> None:
 def keep_unacked(event: EventT) -> None:
     """One more reference on the event's message, so that Faust's coming ack leaves it unacked."""
     event.message.incref()
+
+def flowing(app: AppT, message: Message) -> bool:
+    """Whether ``message`` may be handled now: flow is not suspended (by a rebalance or a stop)
+    and it was fetched in the consumer's current generation. If not, it is read again from the
+    committed offset, so it must never be acked."""
+    return app.flow_control.is_active() and message.generation_id == app.consumer_generation_id

@@ -104,7 +104,7 @@ def test_records_held_over_a_rebalance_are_let_go():
     source.end[FRAMES] = 10
     assert source.take(source.record(RESULTS, 0), source.record(RESULTS, 1)) == set()
     source.generation = 2
-    assert source.take() == {"r0", "r1"}  # the batch acks them: read again from the committed offset
+    assert source.take() == {"r0", "r1"}  # the batch lets them go unacked: read again
     assert not source.hold.holding()
 
 
