@@ -29,6 +29,7 @@ class ExitCode(enum.IntEnum):
     NOT_AUTHORIZED = 14  # an ACL is missing: a topic, the consumer group, the cluster
     TOPICS_MISSING = 15  # topics are missing and this user may not create them
     CONFIG_REFUSED = 16  # the broker refused a topic config (a managed service's cap)
+    CLIENT_CERTIFICATE_REFUSED = 17  # the broker requires a client certificate, or does not trust the one sent
 
 
 class StreamappError(Exception):
