@@ -165,12 +165,12 @@ def _broker_security(args: argparse.Namespace, data_dir: Path) -> BrokerSecurity
     mode = getattr(args, "security", "plaintext")
     if args.action == "env":
         mode, oauth = _recorded_security(data_dir if args.nodes == 1 else data_dir / "node-1")
-    elif mode == "plaintext":
-        if acls or oauth:
-            raise UsageError(f"{'--acls' if acls else '--oauth'} needs --security", "add --security sasl_ssl")
-        return None
+    elif mode == "plaintext" and acls:
+        raise UsageError("--acls needs --security sasl_ssl or ssl", "add one of them")
     if oauth and (mode != SASL_SSL or args.nodes > 1):
-        raise UsageError("--oauth needs --security sasl_ssl on one node", "drop --oauth, or --nodes")
+        raise UsageError("--oauth needs --security sasl_ssl on one node", "add it, or drop --oauth")
+    if mode == "plaintext":
+        return None
     return BrokerSecurity(data_dir / "security", Settings.from_env() if acls else None, mode=mode, oauth=oauth)
 
 

@@ -21,9 +21,11 @@ from streamapp import kafkasecurity
 from streamapp.connect import (
     AuthenticationFailed,
     CertificateUntrusted,
+    ClientCertificateRefused,
     HandshakeFailed,
     HostnameMismatch,
     MechanismRefused,
+    client_certificate_refused,
     connection_error,
 )
 from streamapp.errors import ExitCode
@@ -185,6 +187,22 @@ def test_sasl_failures_name_broker_mechanism_and_user_but_not_the_password():
     unsupported = connection_error(settings, "k:9093", UnsupportedSaslMechanismError(
         "Kafka broker does not support SCRAM-SHA-512 sasl mechanism. Enabled mechanisms are: ['PLAIN']"))
     assert isinstance(unsupported, MechanismRefused) and "(it offers ['PLAIN'])" in str(unsupported)
+
+
+def test_a_tls_alert_about_the_client_certificate_names_the_settings_to_check(tmp_path):
+    tls = {"STREAMAPP_SECURITY_PROTOCOL": "SSL"}
+    missing = client_certificate_refused(Settings.from_env(tls), "localhost:9093", "SSLV3_ALERT_BAD_CERTIFICATE")
+    assert isinstance(missing, ClientCertificateRefused) and missing.exit_code == ExitCode.CLIENT_CERTIFICATE_REFUSED
+    assert str(missing) == ("the broker localhost:9093 requires a client certificate and none was sent "
+                            "(SSLV3_ALERT_BAD_CERTIFICATE) — set STREAMAPP_SSL_CERT_FILE and STREAMAPP_SSL_KEY_FILE "
+                            "(and STREAMAPP_SSL_KEY_PASSWORD_FILE if the key is encrypted)")
+    (tmp_path / "cert.pem").write_text("")
+    with_cert = Settings.from_env({**tls, "STREAMAPP_SSL_CERT_FILE": str(tmp_path / "cert.pem"),
+                                   "STREAMAPP_SSL_KEY_FILE": str(tmp_path / "cert.pem")})
+    refused = client_certificate_refused(with_cert, "localhost:9093", "SSLV3_ALERT_CERTIFICATE_UNKNOWN")
+    assert f"refused the client certificate STREAMAPP_SSL_CERT_FILE={tmp_path / 'cert.pem'}" in str(refused)
+    assert client_certificate_refused(with_cert, "localhost:9093", "SSLV3_ALERT_HANDSHAKE_FAILURE") is None
+    assert client_certificate_refused(with_cert, "localhost:9093", None) is None
 
 
 class TokenEndpoint:
