@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -90,15 +91,15 @@ class TokenEndpoint:
     def jwks_url(self) -> str:
         return self.issuer + JWKS_PATH
 
-    def ensure(self, client_ids: Iterable[str], make_secret) -> None:
-        """Generate the signing key and each client's secret (``make_secret()``) when missing."""
+    def ensure(self, client_ids: Iterable[str]) -> None:
+        """Generate the signing key and each client's secret, when missing."""
         if not self.signing_key_file.exists():
             key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
             write_private(self.signing_key_file, key.private_bytes(
                 serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
         for client_id in client_ids:
             if not self.client_secret_file(client_id).exists():
-                write_private(self.client_secret_file(client_id), make_secret().encode() + b"\n")
+                write_private(self.client_secret_file(client_id), secrets.token_urlsafe(24).encode() + b"\n")
 
     # --- the process --------------------------------------------------------------------------
     def running_pid(self) -> int | None:
@@ -173,8 +174,8 @@ class Signer:
 def serve(endpoint: TokenEndpoint) -> None:
     """Serve ``endpoint`` until the process is stopped."""
     signer = Signer(endpoint)
-    secrets = {path.name.removesuffix(".client-secret"): path.read_text().strip()
-               for path in endpoint.directory.glob("*.client-secret")}
+    client_secrets = {path.name.removesuffix(".client-secret"): path.read_text().strip()
+                      for path in endpoint.directory.glob("*.client-secret")}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -190,7 +191,7 @@ def serve(endpoint: TokenEndpoint) -> None:
                 return
             form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode("utf-8", "replace")))
             client_id, secret = self._client(form)
-            expected = secrets.get(client_id, "")
+            expected = client_secrets.get(client_id, "")
             if not expected or not hmac.compare_digest(secret.encode(), expected.encode()):
                 log.info("refused client %r: unknown client or wrong secret", client_id)
                 self._answer(401, {"error": "invalid_client"})

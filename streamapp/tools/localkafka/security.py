@@ -50,7 +50,8 @@ OAUTH_PACKAGE = "org.apache.kafka.common.security.oauthbearer"
 
 @dataclasses.dataclass(frozen=True)
 class BrokerSecurity:
-    """The TLS material and SCRAM passwords of a secured broker (or cluster) in ``directory``.
+    """The TLS material (CA, broker and client certificates) and SCRAM passwords of a secured
+    broker (or cluster) in ``directory``.
     ``acls_for``: the StandardAuthorizer on, ``admin`` the only super user besides the
     controllers, and the ``pipeline`` user granted what these settings' pipeline needs.
     ``plaintext_port``: a PLAINTEXT listener on 127.0.0.1 beside it, for local tools whose own
@@ -124,7 +125,7 @@ class BrokerSecurity:
                 write_private(self.key_file(user), key_pem)
                 self.cert_file(user).write_bytes(cert_pem)
         if self.oauth:
-            self.token_endpoint.ensure(USERS, lambda: secrets.token_urlsafe(24))
+            self.token_endpoint.ensure(USERS)
 
     def scram_arguments(self) -> list[str]:
         """The storage tool's options that create every user at format time."""
