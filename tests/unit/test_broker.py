@@ -649,6 +649,21 @@ def test_broker_env_prints_a_users_settings_or_says_it_has_none(tmp_path, capsys
     assert BrokerSecurity(tmp_path / "security").password(ADMIN) not in out
 
 
+
+@pytest.mark.parametrize("security, printed", [
+    ({"mode": MUTUAL_TLS}, "export STREAMAPP_SSL_CERT_FILE="),
+    ({"oauth": True}, "export STREAMAPP_SASL_MECHANISM=OAUTHBEARER\n"),
+])
+def test_broker_env_prints_the_settings_of_the_listener_the_broker_last_ran(tmp_path, capsys, security, printed):
+    broker = LocalBroker(tmp_path, 19092, security=BrokerSecurity(tmp_path / "security", **security))
+    broker.security.ensure()
+    if broker.security.oauth:
+        broker.security.token_endpoint.port_file.write_text("18080\n")
+    broker._write_properties(19093)
+    assert main(["broker", "env", "--data-dir", str(tmp_path), "--port", "19092"]) == 0
+    assert printed in capsys.readouterr().out
+
+
 # --- the local OAuth token endpoint (--oauth) --------------------------------------------------
 
 
