@@ -306,6 +306,9 @@ class Settings:
             )
         if not _TOPIC_PREFIX.match(self.topic_prefix):
             raise SettingsError(f"STREAMAPP_TOPIC_PREFIX: {self.topic_prefix!r} is not a valid topic prefix")
+        # Kafka takes no credentials in its bootstrap servers; the value is not echoed, it would show them.
+        _require("@" not in self.broker, "STREAMAPP_BROKER holds credentials (user:password@): give them as "
+                                         "STREAMAPP_SASL_USERNAME and STREAMAPP_SASL_PASSWORD(_FILE) instead")
         _require(self.partitions >= 1, "STREAMAPP_PARTITIONS must be >= 1")
         _require(self.bucket_size >= 1, "STREAMAPP_BUCKET_SIZE must be >= 1")
         _require(self.replication_factor >= 1, "STREAMAPP_REPLICATION_FACTOR must be >= 1")

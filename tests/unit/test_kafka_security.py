@@ -48,6 +48,7 @@ OAUTH = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": 
     ({**OAUTH, "STREAMAPP_OAUTH_CLIENT_SECRET": ""}, "OAUTHBEARER needs STREAMAPP_OAUTH_CLIENT_SECRET"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "file:///etc/passwd"}, "is not an http(s) URL"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "https://[login.example/token"}, "'<a malformed URL>' is not an http"),
+    ({"STREAMAPP_BROKER": "kafka://me:hunter2@broker:9092"}, "STREAMAPP_BROKER holds credentials (user:password@)"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "https://me:hunter3@login.example/token?k=hunter4"},
      "TOKEN_URL='https://***@login.example/token?k=***' holds credentials before its host: give them as "
      "STREAMAPP_OAUTH_CLIENT_ID and STREAMAPP_OAUTH_CLIENT_SECRET"),
