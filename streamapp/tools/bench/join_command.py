@@ -61,7 +61,7 @@ def configure(join: argparse.ArgumentParser) -> None:
                            f"`--systems streamapp {TLS_SYSTEM}` for the cost of TLS and SASL")
     join.add_argument("--tls-rounds", type=count_arg, default=1,
                       help=f"with both streamapp and {TLS_SYSTEM}: rounds of their backlog drains in the order "
-                           "A B B A after an uncounted one, the TLS ratios being the geometric mean of each "
+                           "A B B A after an uncounted one of each, the TLS ratios being the geometric mean of each "
                            "pair's (default 1)")
     join.add_argument("--drain-timeout", type=seconds_arg, default=300.0,
                       help="seconds a backlog or a live step may take to come out (default 300)")

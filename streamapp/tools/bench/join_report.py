@@ -282,7 +282,7 @@ def _tls_section(tls: dict, systems: dict[str, dict]) -> list[str]:
         return "–" if value is None else f"{value:,.3f}" if value < 10 else f"{value:,.0f}"
 
     lines = ["## Over SASL_SSL, order balanced", "",
-             "The worker's backlog drains after one uncounted drain over PLAINTEXT, in the order A B B A "
+             "The worker's backlog drains after an uncounted one over each listener, in the order A B B A "
              "(A PLAINTEXT, B SASL_SSL); each neighbouring pair gives a ratio, the tls ratios above are "
              "their geometric mean (the single drains in the first table are not).", "",
              "| drain | system | pairs/s | CPU s / 1,000 pairs | broker CPU s / 1,000 pairs |", "|---|---|---|---|---|"]
