@@ -11,6 +11,7 @@ local endpoint, like the rest of the local broker, not a production identity pro
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -139,7 +140,8 @@ class TokenEndpoint:
     def stop(self, timeout_s: float = 10.0) -> None:
         pid = self.running_pid()
         if pid is not None:
-            os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
