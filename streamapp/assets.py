@@ -34,6 +34,7 @@ from pathlib import Path
 
 from streamapp.errors import StreamappError
 from streamapp.filelock import file_lock
+from streamapp.settings import shown_url
 
 log = logging.getLogger(__name__)
 Notify = Callable[[str], None]
@@ -250,7 +251,8 @@ class Index:
     def __init__(self, url: str) -> None:
         parts = urllib.parse.urlsplit(url)
         self.host = parts.netloc.rpartition("@")[2]
-        self.url = self.shown = urllib.parse.urlunsplit(parts._replace(netloc=self.host))
+        self.url = urllib.parse.urlunsplit(parts._replace(netloc=self.host))
+        self.shown = shown_url(url)
         self._auth = None
         if parts.username is not None:
             credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"

@@ -1,10 +1,12 @@
 """Starting an aiokafka client, with one clear error for each way a connection fails (R18):
 no broker answers, the broker refused the user or its mechanism, its certificate is not trusted
-or does not name the host, an ACL is missing.
+or does not name the host, it refused the client certificate (or got none), an ACL is missing.
 
 aiokafka reports every failure to bootstrap as one ``KafkaConnectionError`` (having logged the
 cause); :func:`diagnose` then opens one connection by aiokafka's ``create_conn`` with the same
-options, which raises the cause itself, and names it.
+options, which raises the cause itself, and names it. A broker that refuses the client's
+certificate ends TLS with an alert that aiokafka reports as a closed connection; a TLS
+connection of our own reads that alert.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from streamapp.errors import (
     AuthenticationFailed,
     BrokerUnreachable,
     CertificateUntrusted,
+    ClientCertificateRefused,
     HandshakeFailed,
     HostnameMismatch,
     MechanismRefused,
@@ -36,6 +39,10 @@ from streamapp.settings import Settings
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and _IP_ADDRESS_MISMATCH: the certificate is trusted
 # but names other hosts.
 _NAME_MISMATCH = (62, 64)
+# The TLS alerts of a server that got no client certificate, or one it does not trust (Kafka's
+# Java sends bad_certificate and certificate_unknown; TLS 1.3 defines certificate_required).
+_CLIENT_CERTIFICATE_ALERTS = ("SSLV3_ALERT_BAD_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+                              "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA")
 
 
 class KafkaClient(Protocol):
@@ -95,6 +102,9 @@ async def start_client(client: Client, settings: Settings) -> Client:
         # Closed here, or aiokafka reports an "Unclosed AIOKafkaProducer" at exit.
         await client.stop()
         raise await diagnose(settings) from None
+    except StreamappError:  # the OAuth token endpoint gave no token
+        await client.stop()
+        raise
     return client
 
 
@@ -111,11 +121,48 @@ async def diagnose(settings: Settings, timeout_s: float = 15.0) -> StreamappErro
             return exc
         except (OSError, kafka_errors.KafkaError) as exc:  # TimeoutError is an OSError
             named = connection_error(settings, f"{host}:{port}", exc)
+            if isinstance(named, HandshakeFailed) and settings.security.uses_tls:
+                alert = await tls_alert(host, port, options["ssl_context"], min(timeout_s, 5.0))
+                named = client_certificate_refused(settings, f"{host}:{port}", alert) or named
             if named is not None:
                 return named
         else:
             connection.close()
     return BrokerUnreachable(settings.bootstrap_servers)
+
+
+async def tls_alert(host: str, port: int, context: ssl.SSLContext, timeout_s: float) -> str | None:
+    """The TLS alert with which ``host:port`` ends a connection right after the handshake (as a
+    server refusing the client's certificate does under TLS 1.3), or None."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context, server_hostname=host), timeout_s)
+    except (OSError, TimeoutError):
+        return None
+    try:
+        await asyncio.wait_for(reader.read(1), timeout_s)
+    except ssl.SSLError as exc:
+        return exc.reason
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        writer.close()
+    return None
+
+
+def client_certificate_refused(settings: Settings, broker: str, alert: str | None) -> StreamappError | None:
+    """The broker's TLS ``alert`` named, if it says it wants (another) client certificate."""
+    if alert not in _CLIENT_CERTIFICATE_ALERTS:
+        return None
+    cert_file = settings.security.cert_file
+    if cert_file is None:
+        return ClientCertificateRefused(
+            f"the broker {broker} requires a client certificate and none was sent ({alert})",
+            "set STREAMAPP_SSL_CERT_FILE and STREAMAPP_SSL_KEY_FILE (and STREAMAPP_SSL_KEY_PASSWORD_FILE "
+            "if the key is encrypted)")
+    return ClientCertificateRefused(
+        f"the broker {broker} refused the client certificate STREAMAPP_SSL_CERT_FILE={cert_file} ({alert})",
+        "use a certificate signed by a CA the broker trusts (its ssl.truststore)")
 
 
 def connection_error(settings: Settings, broker: str, error: BaseException) -> StreamappError | None:

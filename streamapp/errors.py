@@ -32,7 +32,8 @@ class ExitCode(enum.IntEnum):
     NOT_AUTHORIZED = 14  # an ACL is missing: a topic, the consumer group, the cluster
     TOPICS_MISSING = 15  # topics are missing and this user may not create them
     CONFIG_REFUSED = 16  # the broker refused a topic config (a managed service's cap)
-    SEAM_MOVED = 17  # a library the project reaches inside is not the version its seams were written for
+    CLIENT_CERTIFICATE_REFUSED = 17  # the broker requires a client certificate, or does not trust the one sent
+    SEAM_MOVED = 18  # a library the project reaches inside is not the version its seams were written for
 
 
 class StreamappError(Exception):
@@ -101,6 +102,12 @@ class HostnameMismatch(StreamappError, PermissionError):
     """The broker's certificate does not name the host connected to."""
 
     exit_code = ExitCode.HOSTNAME_MISMATCH
+
+
+class ClientCertificateRefused(StreamappError, PermissionError):
+    """The broker requires a client certificate and got none, or does not trust the one sent."""
+
+    exit_code = ExitCode.CLIENT_CERTIFICATE_REFUSED
 
 
 class HandshakeFailed(StreamappError, ConnectionError):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka.abc import AbstractTokenProvider
 
 from streamapp.errors import ExitCode, StreamappError
-from streamapp.settings import KafkaSecurity, Secret, Settings, SettingsError
+from streamapp.settings import KafkaSecurity, Secret, Settings, SettingsError, shown_url
 
 if TYPE_CHECKING:
     from faust.types.auth import CredentialsT
@@ -85,7 +85,7 @@ class ClientCredentialsTokens(AbstractTokenProvider):
             "Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"})
         fix = ("check STREAMAPP_OAUTH_TOKEN_URL, STREAMAPP_OAUTH_CLIENT_ID, STREAMAPP_OAUTH_CLIENT_SECRET "
                "and STREAMAPP_OAUTH_SCOPE")
-        what = f"the OAuth token endpoint {self.url} gave client {self.client_id!r} no token"
+        what = f"the OAuth token endpoint {shown_url(self.url)} gave client {self.client_id!r} no token"
         try:
             # An http(s) URL: KafkaSecurity checks it.
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import socket
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -59,6 +60,25 @@ class Secret:
         return "Secret('***')"
 
     __str__ = __repr__
+
+
+MALFORMED_URL = "<a malformed URL>"
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may be logged or shown: credentials before the host, every query value and
+    any fragment replaced by ``***`` (a password or token written into the URL stays out of logs,
+    error lines and web pages); the scheme, host, port, path and query names kept to locate it."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is no number
+    except ValueError:
+        return MALFORMED_URL
+    host = parts.netloc.rpartition("@")[2]
+    query = "&".join(f"{name}=***" if equals else "***"
+                     for name, equals, _ in (field.partition("=") for field in parts.query.split("&") if field))
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}" if "@" in parts.netloc else host,
+                                                  query=query, fragment="***" if parts.fragment else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +164,12 @@ class KafkaSecurity:
         extra = [name for name in wrong if sasl[name] is not None]
         _require(not extra, f"{', '.join(extra)} set, but STREAMAPP_SASL_MECHANISM={self.mechanism} does not use them")
         if self.token_url is not None:
-            _require(self.token_url.startswith(("https://", "http://")),
-                     f"STREAMAPP_OAUTH_TOKEN_URL={self.token_url!r} is not an http(s) URL")
+            shown = shown_url(self.token_url)
+            _require(self.token_url.startswith(("https://", "http://")) and shown != MALFORMED_URL,
+                     f"STREAMAPP_OAUTH_TOKEN_URL={shown!r} is not an http(s) URL")
+            _require("@" not in urllib.parse.urlsplit(self.token_url).netloc,
+                     f"STREAMAPP_OAUTH_TOKEN_URL={shown!r} holds credentials before its host: give them as "
+                     "STREAMAPP_OAUTH_CLIENT_ID and STREAMAPP_OAUTH_CLIENT_SECRET(_FILE) instead")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> KafkaSecurity:
@@ -282,6 +306,9 @@ class Settings:
             )
         if not _TOPIC_PREFIX.match(self.topic_prefix):
             raise SettingsError(f"STREAMAPP_TOPIC_PREFIX: {self.topic_prefix!r} is not a valid topic prefix")
+        # Kafka takes no credentials in its bootstrap servers; the value is not echoed, it would show them.
+        _require("@" not in self.broker, "STREAMAPP_BROKER holds credentials (user:password@): give them as "
+                                         "STREAMAPP_SASL_USERNAME and STREAMAPP_SASL_PASSWORD(_FILE) instead")
         _require(self.partitions >= 1, "STREAMAPP_PARTITIONS must be >= 1")
         _require(self.bucket_size >= 1, "STREAMAPP_BUCKET_SIZE must be >= 1")
         _require(self.replication_factor >= 1, "STREAMAPP_REPLICATION_FACTOR must be >= 1")

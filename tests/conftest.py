@@ -1,5 +1,6 @@
 """Shared fixtures. ``kafka_bootstrap`` is a real Kafka broker for the whole test session;
-``secure_kafka`` another one that takes SASL_SSL clients and authorizes them by ACLs."""
+``secure_kafka`` another one that takes SASL_SSL clients and authorizes them by ACLs;
+``mtls_kafka`` (client certificates) and ``oauth_kafka`` (OAUTHBEARER) others, per module."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from streamapp.settings import Settings
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.common import BrokerError
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.tools.localkafka.security import ADMIN, USERS, BrokerSecurity
+from streamapp.tools.localkafka.security import ADMIN, MUTUAL_TLS, USERS, BrokerSecurity
 
-BROKER_FIXTURES = {"kafka_bootstrap", "secure_kafka"}
+BROKER_FIXTURES = {"kafka_bootstrap", "secure_kafka", "mtls_kafka", "oauth_kafka"}
+# The OAUTHBEARER broker's tokens live this long, so a test sees them refreshed.
+SHORT_TOKEN_LIFETIME_S = 20.0
 
 
 def pytest_collection_modifyitems(items):
@@ -52,9 +55,10 @@ def kafka_bootstrap(tmp_path_factory):
 
 @dataclasses.dataclass(frozen=True)
 class SecureKafka:
-    """A broker whose one client listener is SASL_SSL (SCRAM-SHA-512), with ACLs: ``admin`` is a
-    super user, ``pipeline`` holds :func:`~streamapp.tools.localkafka.acls.pipeline_acls` of
-    :attr:`settings` (the default settings: app id ``streamapp``, no topic prefix)."""
+    """A broker whose one client listener is secured as :attr:`security` says (by default
+    SASL_SSL with SCRAM-SHA-512), with ACLs: ``admin`` is a super user, ``pipeline`` holds
+    :func:`~streamapp.tools.localkafka.acls.pipeline_acls` of :attr:`settings` (the default
+    settings: app id ``streamapp``, no topic prefix)."""
 
     bootstrap: str  # "localhost:PORT", the only name in the broker's certificate
     ca_file: Path
@@ -77,9 +81,26 @@ class SecureKafka:
 @pytest.fixture(scope="session")
 def secure_kafka(tmp_path_factory) -> Iterator[SecureKafka]:
     """A secured broker on a free port, started once per session like ``kafka_bootstrap``."""
-    data_dir = tmp_path_factory.mktemp("kafka-secure")
+    yield from _secured(tmp_path_factory, "kafka-secure")
+
+
+@pytest.fixture(scope="module")
+def mtls_kafka(tmp_path_factory) -> Iterator[SecureKafka]:
+    """A broker whose client listener is SSL requiring a client certificate (mutual TLS)."""
+    yield from _secured(tmp_path_factory, "kafka-mtls", mode=MUTUAL_TLS)
+
+
+@pytest.fixture(scope="module")
+def oauth_kafka(tmp_path_factory) -> Iterator[SecureKafka]:
+    """A SASL_SSL broker whose users are OAUTHBEARER clients of a local token endpoint, each token
+    valid SHORT_TOKEN_LIFETIME_S."""
+    yield from _secured(tmp_path_factory, "kafka-oauth", oauth=True, token_lifetime_s=SHORT_TOKEN_LIFETIME_S)
+
+
+def _secured(tmp_path_factory, name: str, **security_options) -> Iterator[SecureKafka]:
+    data_dir = tmp_path_factory.mktemp(name)
     settings = Settings()
-    security = BrokerSecurity(data_dir / "security", acls_for=settings)
+    security = BrokerSecurity(data_dir / "security", acls_for=settings, **security_options)
     broker = LocalBroker(data_dir, free_port(), security=security, heap="512m")
     with _running(broker):
         yield SecureKafka(broker.bootstrap, security.ca_file, {user: security.password(user) for user in USERS},

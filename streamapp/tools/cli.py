@@ -33,7 +33,17 @@ from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import CLUSTER_NODES, LocalCluster, default_cluster_dir
 from streamapp.tools.localkafka.common import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, KAFKA_VERSION
 from streamapp.tools.localkafka.locations import default_data_dir, kafka_home
-from streamapp.tools.localkafka.security import ADMIN, PIPELINE, SECURITY_MODES, USERS, BrokerSecurity, export_lines
+from streamapp.tools.localkafka.processes import read_properties
+from streamapp.tools.localkafka.security import (
+    ADMIN,
+    MUTUAL_TLS,
+    PIPELINE,
+    SASL_SSL,
+    SECURITY_MODES,
+    USERS,
+    BrokerSecurity,
+    export_lines,
+)
 from streamapp.tools.replay import commands as replay_commands
 from streamapp.units import format_bytes
 from streamapp.wire import parse_stream_id
@@ -84,7 +94,7 @@ def configure_broker(parser: argparse.ArgumentParser) -> None:
                               ("stop", "stop the broker (SIGTERM, then SIGKILL after --timeout)"),
                               ("status", "show whether the broker runs (exit code 3 if not)"),
                               ("env", "print the STREAMAPP_* settings of a user of a broker started with "
-                                      "--security sasl_ssl, as export lines")):
+                                      "--security, as export lines")):
         sub = actions.add_parser(action, help=help_text, description=help_text)
         sub.add_argument("--port", type=port_arg, default=None,
                          help=f"client port on 127.0.0.1 (default {DEFAULT_PORT}); the controller takes "
@@ -103,13 +113,18 @@ def configure_broker(parser: argparse.ArgumentParser) -> None:
                              help=f"largest record batch the broker accepts "
                                   f"(default {format_bytes(DEFAULT_MAX_MESSAGE_BYTES)})")
             sub.add_argument("--security", choices=SECURITY_MODES, default="plaintext",
-                             help="sasl_ssl: clients connect over TLS with SCRAM-SHA-512 (a CA, the broker's "
-                                  "certificate and the users' passwords generated into DATA_DIR/security); "
+                             help="sasl_ssl: clients connect over TLS with SCRAM-SHA-512; ssl: over TLS with a "
+                                  "client certificate, the broker requiring one (a CA, the broker's certificate, "
+                                  "the users' passwords and client certificates generated into DATA_DIR/security); "
                                   "prints the settings a client needs (default plaintext)")
             sub.add_argument("--acls", action="store_true",
-                             help="with --security sasl_ssl: authorize by ACLs, admin the super user and "
+                             help="with --security: authorize by ACLs, admin the super user and "
                                   "the pipeline user holding only what the pipeline of the STREAMAPP_* "
                                   "settings in the environment needs")
+            sub.add_argument("--oauth", action="store_true",
+                             help="with --security sasl_ssl on one node: the listener also takes OAUTHBEARER "
+                                  "tokens of a local OAuth token endpoint started beside the broker (client "
+                                  "credentials, a client per user), and the settings printed use it")
         elif action == "env":
             sub.add_argument("--user", choices=USERS, default=PIPELINE, help=f"default {PIPELINE}")
         elif action == "stop":
@@ -145,22 +160,37 @@ def run_broker(args: argparse.Namespace) -> int:
 
 
 def _broker_security(args: argparse.Namespace, data_dir: Path) -> BrokerSecurity | None:
-    """The security of ``broker start --security sasl_ssl [--acls]``, or of an existing
-    secured broker's data dir for ``broker env``."""
-    acls = getattr(args, "acls", False)
-    if getattr(args, "security", "plaintext") == "plaintext" and args.action != "env":
-        if acls:
-            raise UsageError("--acls needs --security sasl_ssl", "add --security sasl_ssl")
+    """The security of ``broker start --security MODE [--acls] [--oauth]``, or of an existing
+    secured broker's data dir for ``broker env`` (as its server.properties say)."""
+    acls, oauth = getattr(args, "acls", False), getattr(args, "oauth", False)
+    mode = getattr(args, "security", "plaintext")
+    if args.action == "env":
+        mode, oauth = _recorded_security(data_dir if args.nodes == 1 else data_dir / "node-1")
+    elif mode == "plaintext" and acls:
+        raise UsageError("--acls needs --security sasl_ssl or ssl", "add one of them")
+    if oauth and (mode != SASL_SSL or args.nodes > 1):
+        raise UsageError("--oauth needs --security sasl_ssl on one node", "add it, or drop --oauth")
+    if mode == "plaintext":
         return None
-    return BrokerSecurity(data_dir / "security", Settings.from_env() if acls else None)
+    return BrokerSecurity(data_dir / "security", Settings.from_env() if acls else None, mode=mode, oauth=oauth)
+
+
+def _recorded_security(data_dir: Path) -> tuple[str, bool]:
+    """The client listener and OAUTHBEARER of the broker last started from ``data_dir``."""
+    try:
+        properties = read_properties(data_dir / "server.properties")
+    except OSError:
+        return SASL_SSL, False
+    mode = MUTUAL_TLS if properties.get("ssl.client.auth") == "required" else SASL_SSL
+    return mode, "OAUTHBEARER" in properties.get("sasl.enabled.mechanisms", "")
 
 
 def _print_env(bootstrap: str, security: BrokerSecurity | None, user: str) -> int:
     if security is None:
         return 0
     if not security.generated():
-        raise CommandError(f"no broker in {security.directory.parent} was started with --security sasl_ssl",
-                           "start it with `streamapp broker start --security sasl_ssl`")
+        raise CommandError(f"no broker in {security.directory.parent} was started with --security",
+                           "start it with `streamapp broker start --security sasl_ssl` (or ssl)")
     if user == PIPELINE:
         print(f"# the {user} user's settings (the admin's: `streamapp broker env --user {ADMIN}` "
               f"with the same --nodes, --port and --data-dir)")

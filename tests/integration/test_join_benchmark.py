@@ -51,7 +51,12 @@ def test_bench_join_runs_every_system_and_writes_its_report(tmp_path):
         assert report["systems"][name]["backlog"]["peak_pending_bytes"] > 0, name
     ours = report["systems"]["streamapp"]["backlog"]
     assert ours["joined"] + ours["unmatched"] == PAIRS  # every frame left the join once
-    # The worker over the broker's SASL_SSL listener, the load and reader on PLAINTEXT: the ratios.
+    # The worker over the broker's SASL_SSL listener, the load and reader on PLAINTEXT: the ratios,
+    # from its drains in the order A B B A after an uncounted one.
+    assert [drain["system"] for drain in report["tls"]["drains"]] == [
+        "streamapp", "streamapp-tls", "streamapp-tls", "streamapp"]
+    assert len(report["tls"]["backlog_ratios"]) == 2 and "## Over SASL_SSL, order balanced" in (
+        tmp_path / "report.md").read_text()
     assert report["ratios"]["tls_backlog_vs_plaintext"] > 0 and report["ratios"]["tls_cpu_per_pair_vs_plaintext"] > 0
     # Only the worker under test meets the SASL_SSL listener (advertised as localhost): the other
     # worker, and every load and reader, the PLAINTEXT one on 127.0.0.1.

@@ -6,49 +6,17 @@ exit code; the pipeline user holding only its documented ACLs works, as far as t
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from streamapp.errors import ExitCode
 from streamapp.settings import Settings
-from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.localkafka.security import ADMIN, PIPELINE, make_certificates
 from streamapp.topics import ConfigRefused, TopicSpec, create_topics, topic_names
 
-BIN = Path(sys.executable).parent
-
-
-def user_env(secure_kafka, user: str, **changes: str) -> dict[str, str]:
-    """A clean environment of ``user``'s settings: nothing STREAMAPP_* of the calling shell."""
-    base = {name: value for name, value in os.environ.items() if not name.startswith("STREAMAPP_")}
-    return {**base, **secure_kafka.env(user), **changes}
-
-
-def run_cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamapp.tools.cli", *argv], env=env, capture_output=True,
-                          text=True, timeout=180)
-
-
-def run_worker(env: dict[str, str], tmp_path: Path, stages: str = "infer") -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "faust"), "-A", "streamapp.app", "worker", "--web-port", str(free_port())],
-                          env={**env, "STREAMAPP_STAGES": stages, "STREAMAPP_DATA_DIR": str(tmp_path / "data")},
-                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
-
-
-def assert_one_line(proc: subprocess.CompletedProcess, code: int, *phrases: str) -> None:
-    assert proc.returncode == code, proc.stderr[-3000:]
-    assert proc.stderr.startswith("streamapp: error: ") and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
-    for phrase in phrases:
-        assert phrase in proc.stderr, proc.stderr
-    for secret in (PIPELINE_PASSWORD_MARK,):
-        assert secret not in proc.stderr
-
-
-PIPELINE_PASSWORD_MARK = "wrong-password-not-to-be-shown"
+from secured import PIPELINE_PASSWORD_MARK, assert_one_line, run_cli, run_worker, user_env
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +50,7 @@ def test_a_wrong_password_names_broker_mechanism_user_and_settings(topics_made_b
 
 def test_an_untrusted_ca_names_the_ca_file_setting(topics_made_by_admin, tmp_path):
     other_ca = tmp_path / "other-ca.pem"
-    other_ca.write_bytes(make_certificates("localhost")[0])
+    other_ca.write_bytes(make_certificates("localhost").ca_pem)
     env = user_env(topics_made_by_admin, PIPELINE, STREAMAPP_SSL_CA_FILE=str(other_ca))
     for proc in both_ways(env, tmp_path):
         assert_one_line(proc, ExitCode.CERTIFICATE_UNTRUSTED, "is not trusted",

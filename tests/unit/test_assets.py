@@ -167,4 +167,5 @@ def test_credentials_in_the_index_url_go_to_the_index_and_never_into_a_message(i
     monkeypatch.setenv("PIP_INDEX_URL", f"http://me:wrong@127.0.0.1:{server.server_port}/simple/")
     with pytest.raises(assets.AssetError, match="401") as refused:
         assets.ensure([asset], tmp_path / "other")
-    assert "wrong" not in str(refused.value) and f"http://127.0.0.1:{server.server_port}/simple/" in str(refused.value)
+    message = str(refused.value)
+    assert "wrong" not in message and f"http://***@127.0.0.1:{server.server_port}/simple/" in message

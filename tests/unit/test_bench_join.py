@@ -10,6 +10,7 @@ from streamapp.tools.bench import quixjoin
 from streamapp.tools.bench.join import Bench, JoinBenchOptions, Outputs, parse_join_key
 from streamapp.tools.bench.join_report import (
     backlog_summary,
+    balanced_tls,
     build_report,
     describe_machine,
     draw_chart,
@@ -223,6 +224,24 @@ def test_ratios_against_quix_streams_are_backlog_cpu_live_and_memory():
     assert (found["backlog_vs_quix"], found["cpu_per_pair_vs_quix"], found["live_max_vs_quix"],
             found["peak_rss_vs_quix"]) == (1.5, 0.5, 12.0, 0.4)
     assert ratios({"streamapp": system(6000.0, 0.1, 400, 1800.0)})["backlog_vs_quix"] is None
+
+
+def test_the_tls_ratio_is_the_geometric_mean_of_neighbouring_pairs_cancelling_a_drift():
+    def drain(system: str, pairs_per_s: float, cpu: float) -> dict:
+        return {"system": system, "pairs_per_s": pairs_per_s, "cpu_s_per_1k_pairs": cpu,
+                "broker_cpu_s_per_1k_pairs": None, "samples": []}
+
+    # TLS costs 0.8x; each drain runs 10 % faster than the one before it (the drift).
+    speeds = [1000 * 1.1**index for index in range(4)]
+    drains = [drain("streamapp", speeds[0], 0.2), drain("streamapp-tls", 0.8 * speeds[1], 0.3),
+              drain("streamapp-tls", 0.8 * speeds[2], 0.3), drain("streamapp", speeds[3], 0.2)]
+    tls = balanced_tls(drains)
+    assert tls["backlog_ratios"] == [0.88, 0.727]  # A B looks cheaper than TLS is, B A dearer
+    assert tls["backlog_vs_plaintext"] == 0.8 and tls["cpu_per_pair_vs_plaintext"] == 1.5
+    assert tls["broker_cpu_per_pair_vs_plaintext"] is None and "samples" not in tls["drains"][0]
+    found = ratios({}, tls)
+    assert (found["tls_backlog_vs_plaintext"], found["tls_cpu_per_pair_vs_plaintext"]) == (0.8, 1.5)
+    assert ratios({})["tls_backlog_vs_plaintext"] is None
 
 
 @pytest.mark.parametrize("value", [b"\x01{\"frame\": 1}", b"", 7, {"counter": 2**40}])

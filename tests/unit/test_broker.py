@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,15 @@ from streamapp.tools.localkafka.cluster import LocalCluster
 from streamapp.tools.localkafka.common import BrokerError
 from streamapp.tools.localkafka.jars import check_java, ensure_jars, find_java, parse_java_version
 from streamapp.tools.localkafka.processes import free_port, last_error_line, new_cluster_id, port_in_use
-from streamapp.tools.localkafka.security import ADMIN, PIPELINE, USERS, BrokerSecurity, export_lines, make_certificates
+from streamapp.tools.localkafka.security import (
+    ADMIN,
+    MUTUAL_TLS,
+    PIPELINE,
+    USERS,
+    BrokerSecurity,
+    export_lines,
+    make_certificates,
+)
 from streamapp.topics import changelog_name, topic_names
 
 MIB = 1024**2
@@ -358,11 +367,11 @@ def test_the_last_error_line_of_a_broker_log_says_why_it_stopped(tmp_path):
 
 @pytest.fixture(scope="module")
 def certificates():
-    return make_certificates("localhost")
+    return make_certificates("localhost", {PIPELINE: "key-password"})
 
 
 def test_the_ca_signs_a_broker_certificate_for_localhost_only(certificates):
-    ca_pem, keystore_pem = certificates
+    ca_pem, keystore_pem = certificates.ca_pem, certificates.keystore_pem
     ca = x509.load_pem_x509_certificate(ca_pem)
     [leaf, chained_ca] = x509.load_pem_x509_certificates(keystore_pem)
     assert chained_ca == ca
@@ -378,12 +387,25 @@ def test_the_ca_signs_a_broker_certificate_for_localhost_only(certificates):
 def test_the_keystore_is_a_pem_store_kafka_reads(certificates):
     """Kafka's PEM key store: an unencrypted PKCS#8 key, then the chain; Python's TLS accepts
     it as a server's chain and trusts it through the CA file."""
-    ca_pem, keystore_pem = certificates
+    keystore_pem = certificates.keystore_pem
     assert keystore_pem.startswith(b"-----BEGIN PRIVATE KEY-----\n")
     assert keystore_pem.count(b"-----BEGIN CERTIFICATE-----") == 2
     key = serialization.load_pem_private_key(keystore_pem, password=None)
     [leaf, _] = x509.load_pem_x509_certificates(keystore_pem)
     assert key.public_key() == leaf.public_key()
+
+
+def test_the_ca_signs_each_users_client_certificate_its_key_encrypted(certificates):
+    cert_pem, key_pem = certificates.clients[PIPELINE]
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(certificates.ca_pem))
+    assert cert.subject.rfc4514_string() == "CN=pipeline"  # the principal User:pipeline (PRINCIPAL_FROM_CN)
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert key_pem.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----\n")
+    with pytest.raises(TypeError):
+        serialization.load_pem_private_key(key_pem, password=None)
+    assert serialization.load_pem_private_key(key_pem, b"key-password").public_key() == cert.public_key()
 
 
 def test_security_files_are_made_once_readable_by_their_owner_only(tmp_path):
@@ -392,7 +414,7 @@ def test_security_files_are_made_once_readable_by_their_owner_only(tmp_path):
     security.ensure()
     assert security.generated()
     assert stat.S_IMODE(security.directory.stat().st_mode) == 0o700
-    for secret in (security.keystore_file, *map(security.password_file, USERS)):
+    for secret in (security.keystore_file, *map(security.password_file, USERS), *map(security.key_file, USERS)):
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
     passwords = {user: security.password(user) for user in USERS}
     assert len(set(passwords.values())) == len(USERS) and all(len(p) >= 32 for p in passwords.values())
@@ -484,6 +506,70 @@ def test_client_settings_use_the_agreed_names(tmp_path):
     assert f"export STREAMAPP_SSL_CA_FILE='{tmp_path}/a dir/ca.pem'" in export_lines(env).splitlines()
 
 
+def test_mutual_tls_requires_a_client_certificate_its_common_name_the_principal(tmp_path):
+    security = BrokerSecurity(tmp_path / "security", Settings(), mode=MUTUAL_TLS)
+    security.ensure()
+    props = LocalBroker(tmp_path, 19092, security=security).properties(controller_port=19093)
+    assert props["listeners"] == "SSL://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["advertised.listeners"] == "SSL://localhost:19092"
+    assert props["inter.broker.listener.name"] == "SSL"
+    assert props["ssl.client.auth"] == "required"
+    assert props["ssl.principal.mapping.rules"] == "RULE:^CN=([^,]+)$/$1/,DEFAULT"
+    assert props["super.users"] == "User:admin;User:ANONYMOUS;User:localhost"  # localhost: between brokers
+    assert not any(key.startswith("sasl.") or ".sasl." in key for key in props)
+    assert security.client_env("localhost:19092", PIPELINE) == {
+        "STREAMAPP_BROKER": "kafka://localhost:19092",
+        "STREAMAPP_SECURITY_PROTOCOL": "SSL",
+        "STREAMAPP_SSL_CA_FILE": str(security.ca_file),
+        "STREAMAPP_SSL_CERT_FILE": str(tmp_path / "security" / "pipeline-cert.pem"),
+        "STREAMAPP_SSL_KEY_FILE": str(tmp_path / "security" / "pipeline-key.pem"),
+        "STREAMAPP_SSL_KEY_PASSWORD_FILE": str(tmp_path / "security" / "pipeline.password"),
+    }
+
+
+def test_oauth_adds_oauthbearer_checked_by_the_endpoints_keys_issuer_and_audience(tmp_path):
+    security = BrokerSecurity(tmp_path / "security", oauth=True, token_lifetime_s=20)
+    security.ensure()
+    security.token_endpoint.port_file.write_text("18080\n")
+    props = LocalBroker(tmp_path, 19092, security=security).properties(controller_port=19093)
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,OAUTHBEARER"
+    assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
+    prefix = "listener.name.sasl_ssl.oauthbearer."
+    assert props[f"{prefix}sasl.server.callback.handler.class"] == (
+        "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler")
+    assert props[f"{prefix}connections.max.reauth.ms"] == 20_000
+    assert props["sasl.oauthbearer.jwks.endpoint.url"] == "http://127.0.0.1:18080/oauth2/jwks"
+    assert props["sasl.oauthbearer.expected.issuer"] == "http://127.0.0.1:18080"
+    assert props["sasl.oauthbearer.expected.audience"] == "kafka"
+    assert security.jvm_options() == [
+        "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=http://127.0.0.1:18080/oauth2/jwks"]
+    env = security.client_env("localhost:19092", PIPELINE)
+    assert env == {
+        "STREAMAPP_BROKER": "kafka://localhost:19092",
+        "STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL",
+        "STREAMAPP_SSL_CA_FILE": str(security.ca_file),
+        "STREAMAPP_SASL_MECHANISM": "OAUTHBEARER",
+        "STREAMAPP_OAUTH_TOKEN_URL": "http://127.0.0.1:18080/oauth2/token",
+        "STREAMAPP_OAUTH_CLIENT_ID": "pipeline",
+        "STREAMAPP_OAUTH_CLIENT_SECRET_FILE": str(tmp_path / "security" / "pipeline.client-secret"),
+        "STREAMAPP_OAUTH_SCOPE": "kafka",
+    }
+    assert stat.S_IMODE(security.token_endpoint.signing_key_file.stat().st_mode) == 0o600
+    assert BrokerSecurity(tmp_path / "security").jvm_options() == []
+
+
+@pytest.mark.parametrize("argv, phrase", [
+    (["--oauth"], "--oauth needs --security sasl_ssl on one node"),
+    (["--acls"], "--acls needs --security sasl_ssl or ssl — add one of them"),
+    (["--security", "ssl", "--oauth"], "--oauth needs --security sasl_ssl on one node"),
+    (["--security", "sasl_ssl", "--oauth", "--nodes", "3"], "--oauth needs --security sasl_ssl on one node"),
+])
+def test_acls_and_oauth_are_refused_where_they_do_not_apply(tmp_path, argv, phrase, capsys):
+    assert main(["broker", "start", "--data-dir", str(tmp_path / "b"), *argv]) == ExitCode.USAGE
+    assert phrase in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_a_secured_cluster_shares_one_security_dir_and_adds_the_acls_once(tmp_path):
     security = BrokerSecurity(tmp_path / "cluster" / "security", Settings())
     security.ensure()
@@ -551,18 +637,73 @@ def test_every_stage_finds_what_it_reads_and_writes():
             ("join", names["joined"], "WRITE"), ("produce", names["frames"], "WRITE")} <= needs
 
 
-def test_acls_without_sasl_ssl_is_a_bad_flag(tmp_path, capsys):
-    assert main(["broker", "start", "--acls", "--data-dir", str(tmp_path / "b")]) == ExitCode.USAGE
-    assert capsys.readouterr().err == "streamapp: error: --acls needs --security sasl_ssl — add --security sasl_ssl\n"
-    assert not (tmp_path / "b").exists()
-
-
 def test_broker_env_prints_a_users_settings_or_says_it_has_none(tmp_path, capsys):
     assert main(["broker", "env", "--data-dir", str(tmp_path), "--port", "19092"]) == ExitCode.FAILURE
-    assert "was started with --security sasl_ssl" in capsys.readouterr().err
+    assert "was started with --security — start it with `streamapp broker start --security sasl_ssl`" \
+        in capsys.readouterr().err
     BrokerSecurity(tmp_path / "security").ensure()
     assert main(["broker", "env", "--user", "admin", "--data-dir", str(tmp_path), "--port", "19092"]) == 0
     out = capsys.readouterr().out
     assert "export STREAMAPP_BROKER=kafka://localhost:19092\n" in out
     assert f"export STREAMAPP_SASL_PASSWORD_FILE={tmp_path}/security/admin.password\n" in out
     assert BrokerSecurity(tmp_path / "security").password(ADMIN) not in out
+
+
+
+@pytest.mark.parametrize("security, printed", [
+    ({"mode": MUTUAL_TLS}, "export STREAMAPP_SSL_CERT_FILE="),
+    ({"oauth": True}, "export STREAMAPP_SASL_MECHANISM=OAUTHBEARER\n"),
+])
+def test_broker_env_prints_the_settings_of_the_listener_the_broker_last_ran(tmp_path, capsys, security, printed):
+    broker = LocalBroker(tmp_path, 19092, security=BrokerSecurity(tmp_path / "security", **security))
+    broker.security.ensure()
+    if broker.security.oauth:
+        broker.security.token_endpoint.port_file.write_text("18080\n")
+    broker._write_properties(19093)
+    assert main(["broker", "env", "--data-dir", str(tmp_path), "--port", "19092"]) == 0
+    assert printed in capsys.readouterr().out
+
+
+# --- the local OAuth token endpoint (--oauth) --------------------------------------------------
+
+
+def test_the_token_endpoint_grants_rs256_tokens_its_jwks_verifies_and_refuses_a_wrong_secret(tmp_path):
+    import asyncio
+    import base64
+    import json
+    import urllib.request
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+    from streamapp.kafkasecurity import ClientCredentialsTokens, TokenEndpointError
+    from streamapp.settings import Secret
+
+    def decoded(part: str) -> bytes:
+        return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+    security = BrokerSecurity(tmp_path / "security", oauth=True, token_lifetime_s=20)
+    security.ensure()
+    endpoint = security.token_endpoint
+    endpoint.start()
+    try:
+        secret = Secret(endpoint.client_secret_file(PIPELINE).read_text().strip())
+        began = time.time()
+        token = asyncio.run(ClientCredentialsTokens(endpoint.token_url, PIPELINE, secret, "kafka").token())
+        header, claims, signature = token.split(".")
+        with urllib.request.urlopen(endpoint.jwks_url, timeout=10) as response:
+            [jwk] = json.loads(response.read())["keys"]
+        assert json.loads(decoded(header)) == {"alg": "RS256", "typ": "JWT", "kid": jwk["kid"]}
+        public = rsa.RSAPublicNumbers(int.from_bytes(decoded(jwk["e"]), "big"),
+                                      int.from_bytes(decoded(jwk["n"]), "big")).public_key()
+        public.verify(decoded(signature), f"{header}.{claims}".encode(), padding.PKCS1v15(), hashes.SHA256())
+        payload = json.loads(decoded(claims))
+        assert {key: payload[key] for key in ("iss", "aud", "sub", "scope")} == {
+            "iss": endpoint.issuer, "aud": "kafka", "sub": "pipeline", "scope": "kafka"}
+        assert payload["exp"] - payload["iat"] == 20 and began - 1 <= payload["iat"] <= time.time()
+        with pytest.raises(TokenEndpointError, match="gave client 'pipeline' no token: HTTP 401"):
+            asyncio.run(ClientCredentialsTokens(endpoint.token_url, PIPELINE, Secret("wrong")).token())
+        assert secret.value not in endpoint.log_file.read_text() and token not in endpoint.log_file.read_text()
+    finally:
+        endpoint.stop()
+    assert endpoint.running_pid() is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import ssl
 import threading
 import time
@@ -17,17 +18,18 @@ import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from streamapp import kafkasecurity
-from streamapp.connect import connection_error
+from streamapp.connect import client_certificate_refused, connection_error
 from streamapp.errors import (
     AuthenticationFailed,
     CertificateUntrusted,
+    ClientCertificateRefused,
     ExitCode,
     HandshakeFailed,
     HostnameMismatch,
     MechanismRefused,
 )
 from streamapp.kafkasecurity import ClientCredentialsTokens, TokenEndpointError
-from streamapp.settings import Secret, Settings, SettingsError
+from streamapp.settings import Secret, Settings, SettingsError, shown_url
 
 SCRAM = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": "SCRAM-SHA-512",
          "STREAMAPP_SASL_USERNAME": "pipeline", "STREAMAPP_SASL_PASSWORD": "hunter2-secret"}
@@ -44,6 +46,11 @@ OAUTH = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": 
     ({**SCRAM, "STREAMAPP_SASL_PASSWORD": ""}, "SCRAM-SHA-512 needs STREAMAPP_SASL_PASSWORD"),
     ({**OAUTH, "STREAMAPP_OAUTH_CLIENT_SECRET": ""}, "OAUTHBEARER needs STREAMAPP_OAUTH_CLIENT_SECRET"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "file:///etc/passwd"}, "is not an http(s) URL"),
+    ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "https://[login.example/token"}, "'<a malformed URL>' is not an http"),
+    ({"STREAMAPP_BROKER": "kafka://me:hunter2@broker:9092"}, "STREAMAPP_BROKER holds credentials (user:password@)"),
+    ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "https://me:hunter3@login.example/token?k=hunter4"},
+     "TOKEN_URL='https://***@login.example/token?k=***' holds credentials before its host: give them as "
+     "STREAMAPP_OAUTH_CLIENT_ID and STREAMAPP_OAUTH_CLIENT_SECRET"),
     ({**SCRAM, "STREAMAPP_OAUTH_CLIENT_ID": "x"}, "STREAMAPP_OAUTH_CLIENT_ID set, but STREAMAPP_SASL_MECHANISM="),
     ({"STREAMAPP_SASL_MECHANISM": "PLAIN"}, "STREAMAPP_SECURITY_PROTOCOL=PLAINTEXT does not use SASL"),
     ({"STREAMAPP_SSL_CA_FILE": "/etc/hostname"}, "STREAMAPP_SECURITY_PROTOCOL=PLAINTEXT does not use TLS"),
@@ -62,6 +69,7 @@ def test_a_bad_security_setting_is_one_line_naming_it_and_exits_2(env, phrase):
     with pytest.raises(SettingsError) as refused:
         Settings.from_env(env)
     assert phrase in str(refused.value) and "\n" not in str(refused.value)
+    assert not {"hunter2", "hunter3", "hunter4"} & set(re.findall(r"hunter\d", str(refused.value)))
     assert refused.value.exit_code == ExitCode.USAGE
 
 
@@ -181,6 +189,22 @@ def test_sasl_failures_name_broker_mechanism_and_user_but_not_the_password():
     assert isinstance(unsupported, MechanismRefused) and "(it offers ['PLAIN'])" in str(unsupported)
 
 
+def test_a_tls_alert_about_the_client_certificate_names_the_settings_to_check(tmp_path):
+    tls = {"STREAMAPP_SECURITY_PROTOCOL": "SSL"}
+    missing = client_certificate_refused(Settings.from_env(tls), "localhost:9093", "SSLV3_ALERT_BAD_CERTIFICATE")
+    assert isinstance(missing, ClientCertificateRefused) and missing.exit_code == ExitCode.CLIENT_CERTIFICATE_REFUSED
+    assert str(missing) == ("the broker localhost:9093 requires a client certificate and none was sent "
+                            "(SSLV3_ALERT_BAD_CERTIFICATE) — set STREAMAPP_SSL_CERT_FILE and STREAMAPP_SSL_KEY_FILE "
+                            "(and STREAMAPP_SSL_KEY_PASSWORD_FILE if the key is encrypted)")
+    (tmp_path / "cert.pem").write_text("")
+    with_cert = Settings.from_env({**tls, "STREAMAPP_SSL_CERT_FILE": str(tmp_path / "cert.pem"),
+                                   "STREAMAPP_SSL_KEY_FILE": str(tmp_path / "cert.pem")})
+    refused = client_certificate_refused(with_cert, "localhost:9093", "SSLV3_ALERT_CERTIFICATE_UNKNOWN")
+    assert f"refused the client certificate STREAMAPP_SSL_CERT_FILE={tmp_path / 'cert.pem'}" in str(refused)
+    assert client_certificate_refused(with_cert, "localhost:9093", "SSLV3_ALERT_HANDSHAKE_FAILURE") is None
+    assert client_certificate_refused(with_cert, "localhost:9093", None) is None
+
+
 class TokenEndpoint:
     """A real OAuth 2 token endpoint on a free local port: client ``streamapp`` with secret
     ``s3cret``; each token is ``token-<n>``, valid ``lifetime_s``."""
@@ -255,6 +279,29 @@ def test_a_refused_client_is_one_line_naming_the_endpoint_and_client_not_the_sec
     message = str(refused.value)
     assert f"the OAuth token endpoint {token_endpoint.url} gave client 'streamapp' no token: HTTP 401" in message
     assert "wrong-secret" not in message and refused.value.exit_code == ExitCode.AUTH_FAILED
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("https://login.example/oauth2/token", "https://login.example/oauth2/token"),
+    ("https://user:pa%40ss@login.example:8443/token", "https://***@login.example:8443/token"),
+    ("https://only-a-token@login.example/token", "https://***@login.example/token"),
+    ("https://login.example/token?api-version=2&code=abc&flag&=x", "https://login.example/token?"
+     "api-version=***&code=***&***&=***"),
+    ("http://127.0.0.1:8080/t#access_token=abc", "http://127.0.0.1:8080/t#***"),
+    ("https://a:b@[::1]:99/t?x=y", "https://***@[::1]:99/t?x=***"),
+    ("https://login.example:notaport/token?secret=1", "<a malformed URL>"),
+    ("https://[::1/token", "<a malformed URL>"),
+])
+def test_a_url_is_shown_without_its_credentials_query_values_or_fragment(url, shown):
+    assert shown_url(url) == shown
+
+
+def test_the_token_endpoints_error_shows_its_url_without_the_query_token(token_endpoint):
+    tokens = ClientCredentialsTokens(f"{token_endpoint.url}?api-key=hunter5", "streamapp", Secret("wrong"))
+    with pytest.raises(TokenEndpointError) as refused:
+        asyncio.run(tokens.token())
+    assert f"the OAuth token endpoint {token_endpoint.url}?api-key=*** gave client 'streamapp' no token: HTTP 401" \
+        in str(refused.value) and "hunter5" not in str(refused.value)
 
 
 def test_oauthbearer_settings_give_every_client_one_shared_token_provider():

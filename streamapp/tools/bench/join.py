@@ -88,6 +88,8 @@ class JoinBenchOptions:
     height: int = 480
     out: Path = Path("out/bench-join")
     drain_timeout_s: float = 300.0
+    # With the worker over PLAINTEXT and over SASL_SSL: rounds of their drains in the order A B B A.
+    tls_rounds: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,9 +450,9 @@ class Bench:
             await delete_topics(system.settings.replace(topic_prefix=topics.prefix))
             shutil.rmtree(self.scratch / topics.prefix, ignore_errors=True)
 
-    async def backlog(self, system: System) -> dict:
+    async def backlog(self, system: System, phase: str = "backlog") -> dict:
         options = self.options
-        async with self.started(system, "backlog") as (topics, load, start):
+        async with self.started(system, phase) as (topics, load, start):
             first_ms = int(time.time() * 1000 - options.pairs / options.backlog_rate * 1000)
             published_s = await load.publish(options.pairs, 0,
                                              lambda index: first_ms + int(index * 1000 / options.backlog_rate))
@@ -541,6 +543,23 @@ class Bench:
         on a small machine they share the cores."""
         return {"system": cpu_seconds_of(running.pid), "load": cpu_seconds_of(os.getpid())}
 
+    async def tls_drains(self) -> dict:
+        """The worker's backlog drains over PLAINTEXT (A) and SASL_SSL (B), ``tls_rounds`` times
+        in the order A B B A, after one of each that is not counted (they warm the broker, its TLS
+        path and the page cache): in single drains the later of a run was the faster, by as much
+        as TLS costs, and the first over SASL_SSL the slowest (see :func:`.join_report.balanced_tls`)."""
+        plain = StreamappJoin(self.settings, self.secured)
+        tls = StreamappJoinOverTls(self.settings, self.secured)
+        try:
+            for system in (plain, tls):
+                await self.backlog(system, "tls-warm-up")
+            drains = []
+            for number, system in enumerate([plain, tls, tls, plain] * self.options.tls_rounds, start=1):
+                drains.append({"system": system.name, **await self.backlog(system, f"tls-drain-{number}")})
+        except Exception as exc:  # noqa: BLE001 - the systems' numbers stand without these
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return join_report.balanced_tls(drains)
+
     async def run_system(self, name: str) -> dict:
         system_type = SYSTEM_TYPES[name]
         result: dict = {"label": system_type.label, "pending_measure": system_type.pending_measure}
@@ -579,8 +598,12 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
         for name in options.systems:
             notify(f"bench join: {SYSTEM_TYPES[name].label}")
             systems[name] = asyncio.run(bench.run_system(name))
+        tls = None
+        if {"streamapp", TLS_SYSTEM} <= set(options.systems):
+            notify(f"bench join: the worker over PLAINTEXT and SASL_SSL, {options.tls_rounds} × A B B A")
+            tls = asyncio.run(bench.tls_drains())
     report = join_report.build_report(report_options(options, command, settings, bench), versions(),
-                                      systems, machine_at_start)
+                                      systems, machine_at_start, tls)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(join_report.markdown(report))
     join_report.draw_chart(out / "join.png", report)

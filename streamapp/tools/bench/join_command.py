@@ -59,6 +59,10 @@ def configure(join: argparse.ArgumentParser) -> None:
                            "the worker over SASL_SSL (SCRAM-SHA-512) on a second listener of the same broker "
                            "(the load and the reader stay on PLAINTEXT), e.g. "
                            f"`--systems streamapp {TLS_SYSTEM}` for the cost of TLS and SASL")
+    join.add_argument("--tls-rounds", type=count_arg, default=1,
+                      help=f"with both streamapp and {TLS_SYSTEM}: rounds of their backlog drains in the order "
+                           "A B B A after an uncounted one of each, the TLS ratios being the geometric mean of each "
+                           "pair's (default 1)")
     join.add_argument("--drain-timeout", type=seconds_arg, default=300.0,
                       help="seconds a backlog or a live step may take to come out (default 300)")
     join.add_argument("--out", type=Path, default=Path("out/bench-join"),
@@ -74,7 +78,7 @@ def command_line(options) -> str:
         "--retries", str(options.retries),
         "--backlog-rate", f"{options.backlog_rate:g}", "--ttl", f"{options.ttl_s:g}",
         "--streams", str(options.streams), "--size", f"{options.width}x{options.height}",
-        "--systems", *options.systems, "--out", str(options.out)])
+        "--systems", *options.systems, "--tls-rounds", str(options.tls_rounds), "--out", str(options.out)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                                warmup_s=args.warmup, refine_steps=args.refine, retries=args.retries,
                                backlog_rate=args.backlog_rate, ttl_s=args.ttl, streams=args.streams,
                                systems=tuple(args.systems),
-                               width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout)
+                               width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout,
+                               tls_rounds=args.tls_rounds)
     # SIGTERM unwinds like Ctrl-C, so the broker and the systems' processes are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     report = run_join_bench(options, command_line(options),

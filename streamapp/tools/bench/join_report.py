@@ -154,14 +154,39 @@ def describe_machine() -> dict:
             "load_average": [round(value, 2) for value in os.getloadavg()]}
 
 
-def build_report(options: dict, versions: dict, systems: dict[str, dict], machine_at_start: dict) -> dict:
+def build_report(options: dict, versions: dict, systems: dict[str, dict], machine_at_start: dict,
+                 tls: dict | None = None) -> dict:
     return {"options": options, "versions": versions,
             "machine": {**machine_at_start, "load_average_at_end": describe_machine()["load_average"]},
-            "systems": systems, "ratios": ratios(systems)}
+            "systems": systems, **({"tls": tls} if tls else {}), "ratios": ratios(systems, tls)}
 
 
-def ratios(systems: dict[str, dict]) -> dict:
-    """This project's join against Kafka Streams, Quix Streams and the plain copy."""
+# What the worker's drains over SASL_SSL and PLAINTEXT are compared by: the ratio's name, the backlog summary's key.
+TLS_MEASURES = {"backlog": "pairs_per_s", "cpu_per_pair": "cpu_s_per_1k_pairs",
+                "broker_cpu_per_pair": "broker_cpu_s_per_1k_pairs"}
+
+
+def balanced_tls(drains: list[dict]) -> dict:
+    """The cost of TLS from the worker's backlog drains in the order A B B A, repeated (A over
+    PLAINTEXT, B over SASL_SSL; each drain a backlog summary with its ``system``). Each pair of
+    neighbours gives one ratio B/A per measure; a drift over the run (later drains ran faster, by
+    as much as TLS costs) raises the ratio of one pair of a round as much as it lowers the
+    other's, so their geometric mean cancels it."""
+    kept = [{"system": drain["system"], **{key: drain.get(key) for key in TLS_MEASURES.values()}} for drain in drains]
+    pairs = [sorted(kept[index:index + 2], key=lambda drain: drain["system"] != "streamapp")
+             for index in range(0, len(kept) - 1, 2)]
+    result: dict = {"drains": kept}
+    for name, key in TLS_MEASURES.items():
+        per_pair = [tls[key] / plain[key] for plain, tls in pairs if plain[key] and tls[key]]
+        result[f"{name}_ratios"] = [round(ratio, 3) for ratio in per_pair]
+        result[f"{name}_vs_plaintext"] = (round(math.prod(per_pair) ** (1 / len(per_pair)), 3)
+                                          if per_pair and len(per_pair) == len(pairs) else None)
+    return result
+
+
+def ratios(systems: dict[str, dict], tls: dict | None = None) -> dict:
+    """This project's join against Kafka Streams, Quix Streams and the plain copy; over SASL_SSL
+    against PLAINTEXT from the order-balanced drains ``tls`` when they ran."""
     def backlog(name: str) -> float | None:
         return (systems.get(name, {}).get("backlog") or {}).get("pairs_per_s")
 
@@ -185,10 +210,7 @@ def ratios(systems: dict[str, dict]) -> dict:
             "live_max_vs_quix": ratio(live("streamapp"), live("quix")),
             "peak_rss_vs_quix": ratio(peak_rss("streamapp"), peak_rss("quix")),
             # Over SASL_SSL against PLAINTEXT (None unless both ran).
-            "tls_backlog_vs_plaintext": ratio(backlog("streamapp-tls"), backlog("streamapp")),
-            "tls_cpu_per_pair_vs_plaintext": ratio(cpu_per_pair("streamapp-tls"), cpu_per_pair("streamapp")),
-            "tls_broker_cpu_per_pair_vs_plaintext": ratio(cpu_per_pair("streamapp-tls", "broker_cpu_s_per_1k_pairs"),
-                                                          cpu_per_pair("streamapp", "broker_cpu_s_per_1k_pairs"))}
+            **{f"tls_{name}_vs_plaintext": (tls or {}).get(f"{name}_vs_plaintext") for name in TLS_MEASURES}}
 
 
 def markdown(report: dict) -> str:
@@ -242,11 +264,35 @@ def markdown(report: dict) -> str:
               "tenth of each step.", "", _cores_note(report), "", "## Ratios", ""]
     for key, value in report["ratios"].items():
         lines.append(f"- {key.replace('_', ' ')}: {value if value is not None else 'n/a'}")
+    if report.get("tls"):
+        lines += ["", *_tls_section(report["tls"], report["systems"])]
     errors = [f"- {system['label']}: {system['error']}" for system in report["systems"].values()
               if system.get("error")]
     if errors:
         lines += ["", "## Did not run", "", *errors]
     return "\n".join(lines) + "\n"
+
+
+def _tls_section(tls: dict, systems: dict[str, dict]) -> list[str]:
+    if tls.get("error"):
+        return ["## Over SASL_SSL, order balanced", "", f"Did not run: {tls['error']}"]
+    labels = {name: system["label"] for name, system in systems.items()}
+
+    def cell(value: float | None) -> str:
+        return "–" if value is None else f"{value:,.3f}" if value < 10 else f"{value:,.0f}"
+
+    lines = ["## Over SASL_SSL, order balanced", "",
+             "The worker's backlog drains after an uncounted one over each listener, in the order A B B A "
+             "(A PLAINTEXT, B SASL_SSL); each neighbouring pair gives a ratio, the tls ratios above are "
+             "their geometric mean (the single drains in the first table are not).", "",
+             "| drain | system | pairs/s | CPU s / 1,000 pairs | broker CPU s / 1,000 pairs |", "|---|---|---|---|---|"]
+    lines += [f"| {number} | {labels.get(drain['system'], drain['system'])} | "
+              + " | ".join(cell(drain[key]) for key in TLS_MEASURES.values()) + " |"
+              for number, drain in enumerate(tls["drains"], start=1)]
+    lines += ["", "Ratios per pair: " + "; ".join(
+        f"{name.replace('_', ' ')} {', '.join(f'{ratio:.3f}' for ratio in tls[f'{name}_ratios'])}"
+        for name in TLS_MEASURES) + "."]
+    return lines
 
 
 def _retries_note(retries: int) -> str:

@@ -23,8 +23,10 @@ from streamapp.tools.localkafka.common import (
     BrokerError,
     Notify,
     PortInUse,
+    write_private,
 )
 from streamapp.tools.localkafka.jars import check_java, ensure_jars, packaged
+from streamapp.tools.localkafka.oauth import TokenEndpoint
 from streamapp.tools.localkafka.processes import (
     answers_metadata,
     cmdline_of,
@@ -36,7 +38,7 @@ from streamapp.tools.localkafka.processes import (
     read_properties,
     run_async,
 )
-from streamapp.tools.localkafka.security import ADMIN, BROKER_HOST, BrokerSecurity, write_private
+from streamapp.tools.localkafka.security import ADMIN, BROKER_HOST, BrokerSecurity
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +192,8 @@ class LocalBroker:
         controller_port = self._pick_controller_port()
         java = check_java()
         libs = ensure_jars(self.kafka_home, notify=self.notify)
+        if self.security and self.security.oauth:
+            self.security.token_endpoint.start()  # before the broker, which fetches its keys at start
 
         self._write_properties(controller_port)
         if not (self.log_dirs / "meta.properties").exists():
@@ -202,6 +206,7 @@ class LocalBroker:
             self._proc = subprocess.Popen(
                 [java, f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                  "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+                 *(self.security.jvm_options() if self.security else []),
                  *self._java_classpath_args(libs), "kafka.Kafka", str(self.properties_file)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 cwd=self.data_dir, start_new_session=True,
@@ -209,7 +214,18 @@ class LocalBroker:
         self.pid_file.write_text(f"{self._proc.pid}\n")
 
     def stop(self, timeout: float = 30.0) -> str:
-        """Stop the broker: ``"stopped"``, ``"killed"`` (did not exit in time) or ``"not running"``."""
+        """Stop the broker, then its OAuth token endpoint if it has one: ``"stopped"``,
+        ``"killed"`` (did not exit in time) or ``"not running"``."""
+        try:
+            return self._stop_broker(timeout)
+        finally:
+            self._token_endpoint().stop()
+
+    def _token_endpoint(self) -> TokenEndpoint:
+        """The OAuth token endpoint of this data dir (``broker stop`` is not told the security)."""
+        return self.security.token_endpoint if self.security else TokenEndpoint(self.data_dir / "security")
+
+    def _stop_broker(self, timeout: float) -> str:
         pid = self._running_pid()
         if pid is None:
             return "not running"
@@ -416,6 +432,7 @@ class LocalBroker:
         if pid is not None and self._alive(pid):
             self._signal(pid, signal.SIGKILL)
             self._wait_exit(pid, 10.0)
+        self._token_endpoint().stop()
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
         said = last_error_line(self.log_file)

@@ -1,7 +1,9 @@
 """What every part of the local broker manager shares: the Kafka version, defaults and errors."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from streamapp.errors import ExitCode, StreamappError
 
@@ -36,3 +38,11 @@ class PortInUse(BrokerError):
     """A port the broker must listen on is taken."""
 
     exit_code = ExitCode.PORT_BUSY
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file only its owner can read (created so, never widened)."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(data)
