@@ -26,8 +26,6 @@ Under exactly-once the outputs must join Faust's transaction: they go through Fa
 from __future__ import annotations
 
 import asyncio
-import collections
-import concurrent.futures
 import functools
 import threading
 from collections.abc import Iterable, Sequence
@@ -60,50 +58,15 @@ class OutputThread:
         self.chunks_sent = 0
         self.sending = asyncio.Lock()  # bound to the thread's loop where it is first used
         self.stopped = False
-        # Chunks submitted and not yet taken by the thread, and whether it has been woken for them.
-        self.submitted: collections.deque[tuple[str, Sequence[tuple[bytes, Value]], concurrent.futures.Future]] = \
-            collections.deque()
-        self.woken = False
 
     def submit(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> asyncio.Future:
         """Send ``records`` (key, value) to ``topic`` from the thread. The future resolves once all
-        are acknowledged, to what the producer refused of each, by position (None: sent).
-
-        Waking the thread writes to its loop's pipe, and the woken thread takes the interpreter
-        lock from the loop that woke it: once per chunk, that was the largest single cost of
-        deciding a batch (docs/benchmarks.md). Chunks submitted before the thread has taken the
-        ones it was woken for go with them."""
+        are acknowledged, to what the producer refused of each, by position (None: sent)."""
         if self.stopped:
             raise RuntimeError("the output thread has stopped: the worker is shutting down")
         if not self.thread.is_alive():
             self.thread.start()
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self.submitted.append((topic, records, future))
-        if not self.woken:
-            self.woken = True
-            self.loop.call_soon_threadsafe(self._take_submitted)
-        return asyncio.wrap_future(future)
-
-    def _take_submitted(self) -> None:
-        """On the thread: start sending every chunk submitted so far, in order (each waits for the
-        one before it to be handed to a producer)."""
-        self.woken = False  # before taking: a chunk submitted from now on either is taken here or wakes again
-        while self.submitted:
-            topic, records, future = self.submitted.popleft()
-            self.loop.create_task(self._send_into(future, topic, records))
-
-    async def _send_into(self, future: concurrent.futures.Future, topic: str,
-                         records: Sequence[tuple[bytes, Value]]) -> None:
-        """``_send``, its outcome passed to the submitter's ``future`` as ``run_coroutine_threadsafe`` would."""
-        try:
-            refused = await self._send(topic, records)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except Exception as exc:  # noqa: BLE001 - the submitter's to handle
-            _settle(future, exc)
-        else:
-            _settle(future, refused)
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._send(topic, records), self.loop))
 
     async def _send(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> list[str | None]:
         deliveries: list[Delivery] = []
@@ -134,17 +97,6 @@ class OutputThread:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(producer.stop(), self.loop))
         self.loop.call_soon_threadsafe(self.loop.stop)
         await asyncio.to_thread(self.thread.join)
-
-
-def _settle(future: concurrent.futures.Future, outcome: object) -> None:
-    """Give ``future`` its result, or its exception, unless the submitter has cancelled it."""
-    try:
-        if isinstance(outcome, Exception):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-    except concurrent.futures.InvalidStateError:
-        pass  # cancelled: nobody waits for it
 
 
 def _partitioned(producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, Value]]
