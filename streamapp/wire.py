@@ -163,13 +163,19 @@ def encode_detections(detections: Detections) -> bytes:
 
 
 def encode_joined(joined: Joined) -> bytes:
+    return b"".join(joined_pieces(joined))
+
+
+def joined_pieces(joined: Joined) -> tuple[bytes, bytes]:
+    """A joined record as its magic, kind and header, then the frame's JPEG as it is (a view when
+    the frame was decoded as one): for a writer that would copy the JPEG once more to join them."""
     header = _frame_header(joined.frame)
     header["status"] = "joined" if joined.matched else "unmatched"
     if joined.detections is not None:
         detections = _detections_header(joined.detections)
         header.update(boxes=detections["boxes"], model=detections["model"],
                       latency_ms=detections["latency_ms"])
-    return _pack(Kind.JOINED, header, joined.frame.jpeg)
+    return _head(Kind.JOINED, header), joined.frame.jpeg
 
 
 def _frame_header(frame: Frame) -> dict:
@@ -189,8 +195,12 @@ def _detections_header(detections: Detections) -> dict:
 
 
 def _pack(kind: bytes, header: dict, body: bytes) -> bytes:
+    return _head(kind, header) + body
+
+
+def _head(kind: bytes, header: dict) -> bytes:
     header_bytes = orjson.dumps(header)  # compact, UTF-8
-    return _PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes)) + header_bytes + body
+    return _PREFIX.pack(MAGIC, VERSION, kind, len(header_bytes)) + header_bytes
 
 
 # --- decoding ---------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ instruction"). The ``crc32c`` package uses SSE 4.2 or ARMv8 CRC instructions, wi
 fallback.
 
 * **Built batches** (:class:`LeanBatchBuilder`): an uncompressed batch keeps each record as its
-  small fields and a reference to its value, and joins them once when it is built, instead of
+  small fields and a reference to its value (or to the parts of a
+  :class:`~streamapp.recordbatches.Pieces` value), and joins them once when it is built, instead of
   copying each value as it is appended; its checksum is
   computed over the batch in place, where aiokafka's copied the batch first. The bytes are those
   of aiokafka's builders; compressed batches are built by aiokafka's own Python builder.
@@ -28,6 +29,8 @@ from aiokafka.producer import message_accumulator
 from aiokafka.record import default_records
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.record.util import encode_varint, size_of_varint
+
+from streamapp.recordbatches import Pieces
 
 # Every batch starts with its base offset (8 bytes) and the length of the rest (4 bytes); in
 # format v2 then the leader epoch (4), the magic byte and the CRC-32C of everything after it.
@@ -103,7 +106,8 @@ class LeanBatchBuilder(default_records._DefaultRecordBatchBuilderPy):
 
     def append(self, offset, timestamp, key, value, headers):  # type: ignore[override]
         if self._compression_type:
-            return super().append(offset, timestamp, key, value, headers)
+            return super().append(offset, timestamp, key, bytes(value) if isinstance(value, Pieces) else value,
+                                  headers)
         if timestamp is None:
             timestamp = int(time.time() * 1000)
         first: int | None = self._first_timestamp
@@ -113,11 +117,13 @@ class LeanBatchBuilder(default_records._DefaultRecordBatchBuilderPy):
         encode_varint(timestamp - (timestamp if first is None else first), fields.append)
         encode_varint(offset, fields.append)
         _append_bytes(fields, key)
-        if value is not None:
-            value = bytes(value)  # held until build: a bytearray could change before then
-            encode_varint(len(value), fields.append)
-        else:
+        if value is None:
+            parts: tuple = (b"",)
             fields.append(1)  # varint -1: null
+        else:
+            # Held until build: a bytearray could change before then; Pieces' parts cannot.
+            parts = value.parts if isinstance(value, Pieces) else (bytes(value),)
+            encode_varint(len(value), fields.append)
         trailer = bytearray()
         encode_varint(len(headers), trailer.append)
         for header_key, header_value in headers:
@@ -129,7 +135,7 @@ class LeanBatchBuilder(default_records._DefaultRecordBatchBuilderPy):
             return None
         prefix = bytearray()
         encode_varint(length, prefix.append)
-        self._pieces += (prefix + fields, value or b"", trailer)
+        self._pieces += (prefix + fields, *parts, trailer)
         self._size += required
         self._max_timestamp = max(self._max_timestamp or timestamp, timestamp)
         self._num_records += 1

@@ -29,6 +29,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
 from faust.types import ProducerT
 
+from streamapp.recordbatches import Value
 from streamapp.units import event_bytes
 
 # Bytes of keys the partitioner remembers the hashes of; past it, it forgets them all at once.
@@ -156,11 +157,24 @@ async def wait_for_partitions(producer: AIOKafkaProducer, topic: str) -> None:
     await producer.client._wait_on_metadata(topic)
 
 
-def check_size(producer: AIOKafkaProducer, key: bytes, value: bytes) -> None:
+def check_size(producer: AIOKafkaProducer, key: bytes, value: Value) -> None:
     """Raise the KafkaError ``send`` would for a record larger than a request."""
-    producer._serialize(key, value, [])
+    producer._serialize(key, value if isinstance(value, bytes) else _stand_in(len(value)), [])
 
 
-def partition_of(producer: AIOKafkaProducer, topic: str, key: bytes, value: bytes) -> int:
+_zeros = memoryview(b"")
+
+
+def _stand_in(size: int) -> memoryview:
+    """Bytes of ``size`` for aiokafka's size check, which takes only bytes-like values and reads
+    only their length: a view of one zero buffer, kept as large as the largest value checked
+    (a large one's pages are never touched)."""
+    global _zeros
+    if len(_zeros) < size:
+        _zeros = memoryview(bytes(size))
+    return _zeros[:size]
+
+
+def partition_of(producer: AIOKafkaProducer, topic: str, key: bytes, value: Value) -> int:
     """The partition the producer's partitioner picks for a record of ``topic``."""
     return producer._partition(topic, None, key, value, key, value)

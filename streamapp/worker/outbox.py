@@ -37,7 +37,7 @@ from aiokafka.errors import KafkaError
 from faust.types import EventT, ProducerT
 
 from streamapp.kafka.producer import check_size, partition_of, producer_options, wait_for_partitions
-from streamapp.recordbatches import Delivery, send_in_batches
+from streamapp.recordbatches import Delivery, Value, send_in_batches
 from streamapp.worker.deadletter import DeadLetters
 
 # Outputs handed to the thread at once: small enough that the thread starts sending early in a
@@ -59,7 +59,7 @@ class OutputThread:
         self.sending = asyncio.Lock()  # bound to the thread's loop where it is first used
         self.stopped = False
 
-    def submit(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> asyncio.Future:
+    def submit(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> asyncio.Future:
         """Send ``records`` (key, value) to ``topic`` from the thread. The future resolves once all
         are acknowledged, to what the producer refused of each, by position (None: sent)."""
         if self.stopped:
@@ -68,7 +68,7 @@ class OutputThread:
             self.thread.start()
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._send(topic, records), self.loop))
 
-    async def _send(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> list[str | None]:
+    async def _send(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> list[str | None]:
         deliveries: list[Delivery] = []
         async with self.sending:  # chunks are handed to the producers in the order they came
             producers = await self._started()
@@ -99,13 +99,13 @@ class OutputThread:
         await asyncio.to_thread(self.thread.join)
 
 
-def _partitioned(producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, bytes]]
-                 ) -> tuple[list[str | None], dict[int, list[tuple[bytes, bytes]]]]:
+def _partitioned(producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, Value]]
+                 ) -> tuple[list[str | None], dict[int, list[tuple[bytes, Value]]]]:
     """Each record's refusal, by position (a record larger than a request, which ``send`` would
     refuse before sending anything; None: it goes), and the records that go, by the partition
     the producer's partitioner picks, in order."""
     refused: list[str | None] = []
-    by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+    by_partition: dict[int, list[tuple[bytes, Value]]] = {}
     for key, value in records:
         try:
             check_size(producer, key, value)
@@ -152,7 +152,7 @@ class Outbox(Protocol):
     """One batch's outputs to one topic, each the output of one input event. An event whose
     output the producer refuses (too large) is dead-lettered instead, as one record (R11)."""
 
-    async def add(self, event: EventT, key: bytes, value: bytes) -> None: ...
+    async def add(self, event: EventT, key: bytes, value: Value) -> None: ...
 
     def hand_over(self) -> None:
         """Start sending what was added so far."""
@@ -172,10 +172,10 @@ class ThreadOutbox:
                  in_flight: OutputsInFlight) -> None:
         self.topic, self.dead_letters, self.stage, self.thread = topic, dead_letters, stage, thread
         self.in_flight = in_flight
-        self.chunk: list[tuple[EventT, bytes, bytes]] = []
+        self.chunk: list[tuple[EventT, bytes, Value]] = []
         self.sent: list[tuple[list[EventT], asyncio.Future]] = []
 
-    async def add(self, event: EventT, key: bytes, value: bytes) -> None:
+    async def add(self, event: EventT, key: bytes, value: Value) -> None:
         self.chunk.append((event, key, value))
         if len(self.chunk) >= CHUNK_RECORDS:
             self.hand_over()
@@ -209,8 +209,8 @@ class FaustOutbox:
         self.in_flight = in_flight
         self.deliveries: list = []
 
-    async def add(self, event: EventT, key: bytes, value: bytes) -> None:
-        delivery = await self.dead_letters.emit(event, stage=self.stage, topic=self.topic, key=key, value=value)
+    async def add(self, event: EventT, key: bytes, value: Value) -> None:
+        delivery = await self.dead_letters.emit(event, stage=self.stage, topic=self.topic, key=key, value=bytes(value))
         if delivery is not None:
             self.in_flight.track(asyncio.ensure_future(delivery), 1, len(value))  # a Future already
             self.deliveries.append(delivery)

@@ -17,6 +17,7 @@ from aiokafka.structs import TopicPartition
 
 from streamapp.kafka import crc as kafkacrc
 from streamapp.kafka.crc import CheckedMemoryRecords, LeanBatchBuilder
+from streamapp.recordbatches import Pieces
 
 RECORDS = [(b"cam0:1:7", os.urandom(49_000), [("origin", b"join")]), (None, b"x" * 300, []),
            (b"k", None, [("a", None)]), (b"cam1:2:9", os.urandom(70_000), [])]
@@ -83,6 +84,17 @@ def test_values_are_taken_as_they_were_when_appended():
     c = CBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
     c.append(0, 1_700_000_000_000, b"k", b"frame" * 100, [])
     assert bytes(lean.build()) == bytes(c.build())
+
+
+@pytest.mark.parametrize("compression", [0, 1])
+def test_a_value_in_pieces_is_the_joined_value(compression):
+    head, body = os.urandom(300), bytes(os.urandom(49_000))
+    lean = LeanBatchBuilder(2, compression, 0, -1, -1, -1, 1 << 20)
+    assert lean.append(0, 1_700_000_000_000, b"k", Pieces(head, memoryview(body)[100:]), []) is not None
+    joined = LeanBatchBuilder(2, compression, 0, -1, -1, -1, 1 << 20)
+    joined.append(0, 1_700_000_000_000, b"k", head + body[100:], [])
+    assert lean.size() == joined.size()
+    assert records_of(MemoryRecords(bytes(lean.build()))) == records_of(MemoryRecords(bytes(joined.build())))
 
 
 def test_compressed_batches_are_aiokafkas():

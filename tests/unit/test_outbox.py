@@ -72,3 +72,30 @@ def test_outputs_count_in_flight_until_acknowledged_and_refused_ones_are_not_ack
         lost.exception()
 
     asyncio.run(scenario())
+
+
+def test_a_value_in_pieces_is_refused_where_its_joined_bytes_are():
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    from streamapp.kafka.producer import check_size
+    from streamapp.recordbatches import Pieces
+
+    async def check() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1", max_request_size=10_000)
+        head, outcomes = b"h" * 100, set()
+        for body_size in range(9_780, 9_900, 3):  # across the limit, as its record overhead counts
+            body = memoryview(bytes(body_size))
+            refused = []
+            for value in (head + bytes(body), Pieces(head, body)):
+                try:
+                    check_size(producer, b"cam0:1:7", value)
+                    refused.append(False)
+                except MessageSizeTooLargeError:
+                    refused.append(True)
+            assert refused[0] == refused[1], body_size
+            outcomes.add(refused[0])
+        assert outcomes == {False, True}
+        await producer.stop()
+
+    asyncio.run(check())
