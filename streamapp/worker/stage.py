@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import faust
+from faust.types import EventT
 
 from streamapp.previewframes import LatestFrames
 from streamapp.settings import Settings
@@ -22,6 +23,7 @@ from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.health import Readiness
 from streamapp.worker.metrics import Metrics
 from streamapp.worker.outputs import FaustOutbox, Outbox, OutputsInFlight, OutputThread, ThreadOutbox
+from streamapp.worker.transactions import Transactions
 
 T = TypeVar("T")
 
@@ -47,9 +49,11 @@ class Stage:
     rocks_memory: RocksMemory
     buffer_records: int
     batch_bytes: int
-    # The join's; None without a join, and under exactly-once, where outputs join Faust's
-    # transaction (streamapp.worker.outputs).
+    # The join's; None without a join, and under exactly-once, where outputs join the input
+    # partition's transaction (streamapp.worker.outputs).
     output_thread: OutputThread | None
+    # Under exactly-once; None at least once (streamapp.worker.transactions).
+    transactions: Transactions | None = None
     # One thread for pixel work: decoded images exist one at a time (R7) and the event loop
     # stays free to heartbeat while a frame is decoded, detected or drawn.
     pixels: ThreadPoolExecutor = dataclasses.field(
@@ -60,6 +64,15 @@ class Stage:
 
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
+
+    def batch_commit(self, stage: str, *topics: faust.TopicT) -> Callable[[Sequence[EventT]], Awaitable[None]]:
+        """What ``stage`` calls once a batch of events of ``topics`` has sent its outputs: under
+        exactly-once it commits them and the events' offsets in the transaction of each input
+        partition; at least once it does nothing (Faust commits the offsets of acked events after
+        flushing its producer)."""
+        if self.transactions is None:
+            return _nothing_to_commit
+        return self.transactions.add(stage, [topic.get_topic_name() for topic in topics]).commit
 
     def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
         """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""
@@ -74,3 +87,7 @@ class Stage:
     def serve_preview(self, frames: LatestFrames) -> None:
         """Serve the preview pages of ``frames`` from this worker's web port."""
         preview.register(self, frames)
+
+
+async def _nothing_to_commit(events: Sequence[EventT]) -> None:
+    """At least once, Faust commits."""

@@ -1,0 +1,200 @@
+"""Exactly-once: each batch's outputs and its input offsets commit in one Kafka transaction per
+input partition, or not at all (R22).
+
+Faust's own transaction manager is off (the app runs Faust at-least-once): it names its producers
+by the assignor's topic groups, sends agent outputs beside its transactions, and commits on a timer
+rather than per batch (docs/exactly-once.md). Here a stage that writes to Kafka has one
+transactional producer per input partition, its transactional id ``<group>-<stage>-<partition>``:
+the same id follows the partition from worker to worker (and across a restart), so the new
+owner's ``init_transactions`` aborts the old owner's open transaction and fences it at once. A
+restarted worker is back in a second, not after the transaction timeout, and a zombie that lost
+the partition cannot commit after it moved (aiokafka's transactions carry no consumer-group
+metadata, so the partition's id is what fences, as in Kafka's first exactly-once design).
+
+Every generation (each assignment) starts new producers for every assigned input partition,
+before the consumer reads the committed offsets (:meth:`Transactions.restart`, called from the
+consumer's seek). A new producer's initialisation waits until the previous transaction of its
+id, ours or a dead worker's, is complete, so the offsets read next are final: nothing in flight
+can still move them. A batch's events sent to producers of an older generation are aborted with
+them, and its commit is skipped: the events are read again from the committed offsets.
+
+A batch may hold several partitions' events; each partition commits its own transaction, so a
+partition's outputs and offsets are atomic, and a failed commit stops the worker (its
+partitions are read again from their committed offsets by whoever owns them next).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any, Protocol, cast
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+from faust.exceptions import ProducerSendError
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, AppT, EventT
+
+log = logging.getLogger(__name__)
+
+
+class Sender(Protocol):
+    """Faust's producer's ``send``, as the stages call it."""
+
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
+                   timestamp: float | None, headers: Any) -> Awaitable: ...
+
+
+class TransactionSender:
+    """A transactional aiokafka producer behind Faust's ``send``: an output of the open transaction."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
+                   timestamp: float | None, headers: Any) -> Awaitable:
+        timestamp_ms = None if timestamp is None else int(timestamp * 1000)
+        try:
+            return await self.producer.send(topic, value, key=key, partition=partition,
+                                            timestamp_ms=timestamp_ms, headers=headers)
+        except KafkaError as exc:  # as Faust's producer raises a record it refuses (too large)
+            raise ProducerSendError(f"Error while sending: {exc!r}") from exc
+
+
+class StaleSender:
+    """For an event of an older generation: its transaction is aborted, so its outputs go nowhere."""
+
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
+                   timestamp: float | None, headers: Any) -> Awaitable:
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+STALE = StaleSender()
+
+
+class PartitionTransactions:
+    """One stage's transactional producers, one per input partition of the current generation."""
+
+    def __init__(self, app: AppT, stage: str, topics: Sequence[str]) -> None:
+        self.app, self.stage, self.topics = app, stage, frozenset(topics)
+        self.group_id = app.conf.id
+        self.producers: dict[int, AIOKafkaProducer] = {}
+        self.senders: dict[int, TransactionSender] = {}
+        self.generation: int | None = None
+        self.committing = asyncio.Lock()  # a commit and a restart never overlap
+        self.commits = 0
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.group_id}-{self.stage}-{partition}"
+
+    def sender(self, event: EventT) -> Sender:
+        """Where the outputs of ``event`` go: its partition's open transaction."""
+        message = event.message
+        sender = self.senders.get(message.partition)
+        if sender is None or message.generation_id != self.generation:
+            return STALE
+        return sender
+
+    async def restart(self, assigned: Iterable[TP], generation: int) -> None:
+        """New producers for the partitions of ``assigned`` read by this stage, each initialised
+        (which fences its id's previous owner and completes its last transaction) and in a begun
+        transaction; the old ones stopped, their open transactions aborted."""
+        partitions = sorted({tp.partition for tp in assigned if tp.topic in self.topics})
+        async with self.committing:
+            old, self.producers, self.senders = list(self.producers.values()), {}, {}
+            self.generation = generation
+            await asyncio.gather(*(_stop(producer) for producer in old))
+            started = await asyncio.gather(*(self._started(partition) for partition in partitions))
+            self.producers = dict(zip(partitions, started, strict=True))
+            self.senders = {partition: TransactionSender(producer) for partition, producer in self.producers.items()}
+        if partitions:
+            log.info("%s: transactional producers ready for partitions %s (generation %s)",
+                     self.stage, partitions, generation)
+
+    async def _started(self, partition: int) -> AIOKafkaProducer:
+        faust_producer = cast(faust_aiokafka.Producer, self.app.producer)
+        # As Faust makes its own producers: later settings override earlier ones.
+        producer = AIOKafkaProducer(**{**faust_producer._settings_default(), **faust_producer._settings_auth(),
+                                       "transactional_id": self.transactional_id(partition)})
+        await producer.start()
+        await producer.begin_transaction()  # waits for init_transactions: the id is ours from here
+        return producer
+
+    async def commit(self, events: Iterable[EventT]) -> None:
+        """Commit the open transaction of each partition of ``events`` with its offsets past the
+        last of them, and begin the next. Events of an older generation commit nothing."""
+        ends: dict[int, dict[TopicPartition, int]] = {}
+        for event in events:
+            message = event.message
+            if message.generation_id != self.generation or message.partition not in self.producers:
+                continue
+            offsets = ends.setdefault(message.partition, {})
+            tp = TopicPartition(message.topic, message.partition)
+            offsets[tp] = max(offsets.get(tp, 0), message.offset + 1)
+        if not ends:
+            return
+        async with self.committing:
+            generation = self.generation
+            await asyncio.gather(*(self._commit(self.producers[partition], offsets)
+                                   for partition, offsets in ends.items()
+                                   if generation == self.generation and partition in self.producers))
+            self.commits += len(ends)
+
+    async def _commit(self, producer: AIOKafkaProducer, offsets: dict[TopicPartition, int]) -> None:
+        await producer.send_offsets_to_transaction(offsets, self.group_id)
+        await producer.commit_transaction()
+        await producer.begin_transaction()
+
+    async def stop(self) -> None:
+        async with self.committing:
+            producers, self.producers, self.senders = list(self.producers.values()), {}, {}
+            await asyncio.gather(*(_stop(producer) for producer in producers))
+
+
+async def _stop(producer: AIOKafkaProducer) -> None:
+    """Stop ``producer``; its open transaction is aborted by the next owner of its id."""
+    try:
+        await producer.stop()
+    except KafkaError as exc:
+        log.warning("stopping a transactional producer: %r", exc)
+
+
+class Transactions:
+    """The exactly-once stages of one worker, and the input topics whose offsets they commit (the
+    consumer commits none of those itself). No two stages of a worker read the same topic under
+    exactly-once (streamapp.settings refuses resize beside join)."""
+
+    def __init__(self, app: AppT) -> None:
+        self.app = app
+        self.stages: list[PartitionTransactions] = []
+
+    def add(self, stage: str, topics: Sequence[str]) -> PartitionTransactions:
+        transactions = PartitionTransactions(self.app, stage, topics)
+        self.stages.append(transactions)
+        return transactions
+
+    def sender(self, event: EventT) -> Sender:
+        """Where the outputs of ``event`` go: the open transaction of its partition, when its
+        stage commits in transactions, else Faust's producer."""
+        topic = event.message.topic
+        for stage in self.stages:
+            if topic in stage.topics:
+                return stage.sender(event)
+        return cast(Sender, self.app.producer)
+
+    @property
+    def topics(self) -> frozenset[str]:
+        return frozenset(topic for stage in self.stages for topic in stage.topics)
+
+    async def restart(self, assigned: Iterable[TP], generation: int) -> None:
+        assigned = set(assigned)
+        await asyncio.gather(*(stage.restart(assigned, generation) for stage in self.stages))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(stage.stop() for stage in self.stages))
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"transactions_committed_total": sum(stage.commits for stage in self.stages)}
