@@ -13,7 +13,11 @@ through the writes its ``base`` still holds, and commits after it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from aiokafka import TopicPartition
+from faust.types import EventT
 
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 
@@ -32,12 +36,22 @@ class JoinTransaction:
     def partition(self, number: int) -> PartitionWrites:
         return PartitionWrites(self, number)
 
-    async def commit(self, retry: WriteRetry) -> None:
-        """Write each partition's changes (through ``retry``) and send their changelog records."""
-        for number in list(self.held):
-            changes = [(key, None if entry is None else entry.encode()) for key, entry in self.held[number].items()]
-            await self.window.write(number, changes, retry)
-            del self.held[number]  # written: a retry of the commit does not send it again
+    async def commit(self, retry: WriteRetry, events: Sequence[EventT] = ()) -> None:
+        """Write each partition's changes (through ``retry``) and send their changelog records.
+        Under exactly-once each partition of ``events`` (the batch decided, all of one
+        generation) commits them with its input offsets, changes or not."""
+        offsets: dict[int, dict[TopicPartition, int]] = {}
+        generation = events[0].message.generation_id if events else None
+        if self.window.commits is not None:
+            for event in events:
+                message = event.message
+                ends, tp = offsets.setdefault(message.partition, {}), TopicPartition(message.topic, message.partition)
+                ends[tp] = max(ends.get(tp, 0), message.offset + 1)
+        for number in sorted(set(self.held) | set(offsets)):
+            changes = [(key, None if entry is None else entry.encode())
+                       for key, entry in self.held.get(number, _NOTHING_HELD).items()]
+            await self.window.write(number, changes, retry, generation=generation, offsets=offsets.get(number))
+            self.held.pop(number, None)  # written: a retry of the commit does not send it again
         self.base = None
 
     def get(self, number: int, key: bytes) -> Entry | None:

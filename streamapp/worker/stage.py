@@ -23,7 +23,7 @@ from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.health import Readiness
 from streamapp.worker.metrics import Metrics
 from streamapp.worker.outputs import FaustOutbox, Outbox, OutputsInFlight, OutputThread, ThreadOutbox
-from streamapp.worker.transactions import Transactions
+from streamapp.worker.transactions import PartitionTransactions, Transactions
 
 T = TypeVar("T")
 
@@ -70,9 +70,15 @@ class Stage:
         exactly-once it commits them and the events' offsets in the transaction of each input
         partition; at least once it does nothing (Faust commits the offsets of acked events after
         flushing its producer)."""
+        transactions = self.partition_transactions(stage, *topics)
+        return _nothing_to_commit if transactions is None else transactions.commit
+
+    def partition_transactions(self, stage: str, *topics: faust.TopicT) -> PartitionTransactions | None:
+        """Under exactly-once, the transactions of ``stage``'s input partitions of ``topics``;
+        None at least once."""
         if self.transactions is None:
-            return _nothing_to_commit
-        return self.transactions.add(stage, [topic.get_topic_name() for topic in topics]).commit
+            return None
+        return self.transactions.add(stage, [topic.get_topic_name() for topic in topics])
 
     def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
         """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""

@@ -93,8 +93,16 @@ class PartitionTransactions:
     def sender(self, event: EventT) -> Sender:
         """Where the outputs of ``event`` go: its partition's open transaction."""
         message = event.message
-        sender = self.senders.get(message.partition)
-        if sender is None or message.generation_id != self.generation:
+        return self.sender_in(message.generation_id, message.partition)
+
+    def producer_in(self, generation: int | None, partition: int) -> AIOKafkaProducer | None:
+        """The transactional producer of ``partition``, if ``generation`` is still the current one."""
+        return self.producers.get(partition) if generation == self.generation else None
+
+    def sender_in(self, generation: int | None, partition: int) -> Sender:
+        """The open transaction of ``partition``, if ``generation`` is still the current one."""
+        sender = self.senders.get(partition)
+        if sender is None or generation != self.generation:
             return STALE
         return sender
 
@@ -129,24 +137,28 @@ class PartitionTransactions:
         ends: dict[int, dict[TopicPartition, int]] = {}
         for event in events:
             message = event.message
-            if message.generation_id != self.generation or message.partition not in self.producers:
-                continue
-            offsets = ends.setdefault(message.partition, {})
-            tp = TopicPartition(message.topic, message.partition)
-            offsets[tp] = max(offsets.get(tp, 0), message.offset + 1)
-        if not ends:
-            return
-        async with self.committing:
-            generation = self.generation
-            await asyncio.gather(*(self._commit(self.producers[partition], offsets)
-                                   for partition, offsets in ends.items()
-                                   if generation == self.generation and partition in self.producers))
-            self.commits += len(ends)
+            if message.generation_id == self.generation:
+                offsets = ends.setdefault(message.partition, {})
+                tp = TopicPartition(message.topic, message.partition)
+                offsets[tp] = max(offsets.get(tp, 0), message.offset + 1)
+        await asyncio.gather(*(self.commit_partition(self.generation, partition, offsets)
+                               for partition, offsets in ends.items()))
 
-    async def _commit(self, producer: AIOKafkaProducer, offsets: dict[TopicPartition, int]) -> None:
-        await producer.send_offsets_to_transaction(offsets, self.group_id)
-        await producer.commit_transaction()
-        await producer.begin_transaction()
+    async def commit_partition(self, generation: int | None, partition: int,
+                               offsets: dict[TopicPartition, int] | None = None) -> bool:
+        """Commit the open transaction of ``partition``, with ``offsets`` if any, and begin the
+        next; False, and nothing committed, if ``generation`` is no longer the current one (what
+        was sent in it is aborted with its producer)."""
+        async with self.committing:
+            producer = self.producers.get(partition)
+            if producer is None or generation != self.generation:
+                return False
+            if offsets:
+                await producer.send_offsets_to_transaction(offsets, self.group_id)
+            await producer.commit_transaction()
+            await producer.begin_transaction()
+            self.commits += 1
+            return True
 
     async def stop(self) -> None:
         async with self.committing:
