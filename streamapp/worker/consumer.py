@@ -29,10 +29,11 @@ a backlog a fetch of only the partitions already read to their end (the small de
 one fetch) held every other partition back that long: the drain ran at half speed or less. Here the
 broker holds a fetch at most FETCH_MAX_WAIT_MS; an idle worker sends a small fetch that often.
 
-Under exactly-once (streamapp.worker.transactions) the consumer reads ``read_committed``, takes
-the last stable offset for a partition's end, leaves the offsets of the stages' transactions
-alone, and reads the committed offsets only after each input partition's transactional producer
-has taken over its id.
+Under exactly-once the consumer reads ``read_committed`` (Faust's) and asks the broker for the
+last stable offsets rather than taking those of the last fetch, unknown before the first: Faust's
+table recovery took an unknown end for an empty changelog and recovered nothing. A changelog
+written in transactions ends in a commit marker (streamapp.worker.transactions), which recovery
+never reads: the end it waits for is the record before it.
 
 The consumer also says where each input partition is read from in a generation (its committed
 offset, as sought), which the join needs to tell "caught up" before it has read a partition, and
@@ -56,6 +57,7 @@ from mode import Service
 
 from streamapp.worker.handover import HandOver
 from streamapp.worker.producer import StreamappProducer
+from streamapp.worker.transactions import PartitionTransactionManager
 from streamapp.worker.unread import UnreadGaps
 
 log = logging.getLogger(__name__)
@@ -68,29 +70,21 @@ FETCH_MAX_WAIT_MS = 50
 
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread, with a fetch wait that does not hold back a backlog, reading only
-    committed transactions under exactly-once."""
+    """Faust's consumer thread, with a fetch wait that does not hold back a backlog, and under
+    exactly-once the ends of partitions as the broker knows them."""
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop):
         consumer = super()._create_consumer(loop)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # Faust passes 1500; start() hands it to the fetcher
-        if self._read_committed():
-            consumer._isolation_level = "read_committed"  # as Faust would pass it; start() hands it on
         return consumer
 
-    def _read_committed(self) -> bool:
-        return getattr(self.app, "transactions", None) is not None
-
-    def highwater(self, tp: TP) -> int:
-        if self._read_committed():  # the end a read_committed consumer reaches
-            return self._ensure_consumer().last_stable_offset(tp)
-        return super().highwater(tp)
-
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
-        if self._read_committed():
-            consumer = self._ensure_consumer()
-            return {tp: consumer.last_stable_offset(tp) for tp in partitions}
-        return await super()._highwaters(partitions)
+        if not self.consumer.in_transaction:
+            return await super()._highwaters(partitions)
+        # read_committed: the broker answers with the last stable offsets.
+        ends = await self._ensure_consumer().end_offsets(partitions)
+        changelog = cast(StreamappConsumer, self.consumer)._is_changelog_tp
+        return {tp: max(end - 1, 0) if changelog(tp) else end for tp, end in ends.items()}
 
 
 class StreamappConsumer(faust_aiokafka.Consumer):
@@ -105,11 +99,6 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
-        transactions = getattr(self.app, "transactions", None)
-        if transactions is not None:
-            # Before the offsets are read: the partition's last transaction, a dead worker's
-            # included, is complete once its id's new producer is initialised.
-            await transactions.restart(self.assignment(), self.app.consumer_generation_id)
         committed = await super().seek_to_committed()
         inputs = [tp for tp in committed if not self._is_changelog_tp(tp)]  # recovery places changelogs
         uncommitted = [tp for tp in inputs if not committed[tp]]
@@ -120,18 +109,6 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         generation = self.app.consumer_generation_id
         self.read_from = {tp: (generation, committed[tp] or first.get(tp)) for tp in inputs}
         return committed
-
-    async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
-        transactions = getattr(self.app, "transactions", None)
-        if transactions is not None:
-            # The stages' transactions committed these (a batch is acked after its commit): only
-            # Faust's books learn of them, which then let go of the acked offsets.
-            committed = {tp: offset for tp, offset in offsets.items() if tp.topic in transactions.topics}
-            self._committed_offset.update(committed)
-            offsets = {tp: offset for tp, offset in offsets.items() if tp not in committed}
-            if not offsets:
-                return False
-        return await super()._commit_offsets(offsets, start_new_transaction)
 
     def pause_partitions(self, tps: Iterable[TP]) -> None:
         tps = set(tps)
@@ -264,3 +241,4 @@ class StreamappConsumer(faust_aiokafka.Consumer):
 class Transport(faust_aiokafka.Transport):
     Consumer = StreamappConsumer
     Producer = StreamappProducer
+    TransactionManager = PartitionTransactionManager

@@ -1,9 +1,11 @@
 """Exactly-once: each batch's outputs and its input offsets commit in one Kafka transaction per
 input partition, or not at all (R22).
 
-Faust's own transaction manager is off (the app runs Faust at-least-once): it names its producers
-by the assignor's topic groups, sends agent outputs beside its transactions, and commits on a timer
-rather than per batch (docs/exactly-once.md). Here a stage that writes to Kafka has one
+Faust's transaction manager is replaced (:class:`PartitionTransactionManager`): it named its
+producers by the assignor's topic groups, sent agent outputs beside its transactions, and
+committed on a timer rather than per batch (docs/exactly-once.md). The rest of Faust's
+exactly-once stays: consumers read ``read_committed``, and the table recovery steps over the
+transaction markers at a changelog's end. Here a stage that writes to Kafka has one
 transactional producer per input partition, its transactional id ``<group>-<stage>-<partition>``:
 the same id follows the partition from worker to worker (and across a restart), so the new
 owner's ``init_transactions`` aborts the old owner's open transaction and fences it at once. A
@@ -12,10 +14,10 @@ the partition cannot commit after it moved (aiokafka's transactions carry no con
 metadata, so the partition's id is what fences, as in Kafka's first exactly-once design).
 
 Every generation (each assignment) starts new producers for every assigned input partition,
-before the consumer reads the committed offsets (:meth:`Transactions.restart`, called from the
-consumer's seek). A new producer's initialisation waits until the previous transaction of its
-id, ours or a dead worker's, is complete, so the offsets read next are final: nothing in flight
-can still move them. A batch's events sent to producers of an older generation are aborted with
+before the join's changelog is recovered and the committed offsets are read
+(:meth:`Transactions.restart`). A new producer's initialisation waits until the previous
+transaction of its id, ours or a dead worker's, is complete, so what is read next is final:
+nothing in flight can still change it. A batch's events sent to producers of an older generation are aborted with
 them, and its commit is skipped: the events are read again from the committed offsets.
 
 A batch may hold several partitions' events; each partition commits its own transaction, so a
@@ -27,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
+from faust.transport.consumer import TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, AppT, EventT
 
@@ -210,3 +213,30 @@ class Transactions:
 
     def as_metrics(self) -> dict[str, float]:
         return {"transactions_committed_total": sum(stage.commits for stage in self.stages)}
+
+
+class PartitionTransactionManager(TransactionManager):
+    """Faust's transaction manager under exactly-once, handing over to the worker's
+    :class:`Transactions`: their producers start at each assignment before the tables recover,
+    and the consumer's own commits leave their inputs alone."""
+
+    def _stages(self) -> Transactions:
+        return cast(Any, self.app).transactions
+
+    async def on_rebalance(self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP]) -> None:
+        await self._stages().restart(assigned, self.app.consumer_generation_id)
+
+    async def commit(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        """Commit, as at least once, the offsets of inputs no stage commits in its transactions
+        (the sink's); the others committed with their batches."""
+        topics = self._stages().topics
+        others = {tp: offset for tp, offset in offsets.items() if tp.topic not in topics}
+        if not others:
+            return True
+        await self.app.producer.flush()
+        return await cast(Any, self.consumer)._commit(others)
+
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
+                   timestamp: float | None, headers: Any, *, transactional_id: str | None = None) -> Awaitable:
+        """Faust's own sends (none of the stages'): its producer, outside any transaction."""
+        return await self.app.producer.send(topic, key, value, partition, timestamp, headers)
