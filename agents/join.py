@@ -397,7 +397,8 @@ def register(stage: Stage) -> None:
     )
     # Under exactly-once a batch's outputs, changelog records and offsets commit in its
     # partitions' transactions, as do a sweep's unmatched frames and markers.
-    window.commits = stage.partition_transactions("join", topics.frames, topics.detections)
+    window.commits = stage.partition_transactions("join", topics.frames, topics.detections,
+                                                  changelog=window.changelog.topic)
     joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
                     marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),
                     latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))

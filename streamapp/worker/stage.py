@@ -73,12 +73,13 @@ class Stage:
         transactions = self.partition_transactions(stage, *topics)
         return _nothing_to_commit if transactions is None else transactions.commit
 
-    def partition_transactions(self, stage: str, *topics: faust.TopicT) -> PartitionTransactions | None:
-        """Under exactly-once, the transactions of ``stage``'s input partitions of ``topics``;
-        None at least once."""
+    def partition_transactions(self, stage: str, *topics: faust.TopicT,
+                               changelog: str | None = None) -> PartitionTransactions | None:
+        """Under exactly-once, the transactions of ``stage``'s input partitions of ``topics``
+        (and of its ``changelog``'s partitions, one for one); None at least once."""
         if self.transactions is None:
             return None
-        return self.transactions.add(stage, [topic.get_topic_name() for topic in topics])
+        return self.transactions.add(stage, [topic.get_topic_name() for topic in topics], changelog)
 
     def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
         """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""

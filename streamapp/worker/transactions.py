@@ -20,6 +20,14 @@ transaction of its id, ours or a dead worker's, is complete, so what is read nex
 nothing in flight can still change it. A batch's events sent to producers of an older generation are aborted with
 them, and its commit is skipped: the events are read again from the committed offsets.
 
+A stage with a changelog (the join) writes its changelog only in these transactions. Its table's
+recovery reads a changelog partition up to the record before the end (the end is a commit
+marker, which no reader sees, streamapp.worker.consumer); a new producer begins by committing a
+deletion of FENCE_KEY, a key no entry has, so that the end is a commit marker even when the last
+transaction before it was aborted (a killed worker's, aborted by this producer's
+initialisation): else the recovery would wait for a record it never reads, 10 s before Faust
+gives up on it.
+
 A batch may hold several partitions' events; each partition commits its own transaction, so a
 partition's outputs and offsets are atomic, and a failed commit stops the worker (its
 partitions are read again from their committed offsets by whoever owns them next).
@@ -40,6 +48,9 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, AppT, EventT
 
 log = logging.getLogger(__name__)
+
+# The key of the deletion a new producer commits to its changelog partition; never an entry's.
+FENCE_KEY = b"\x00fence"
 
 
 class Sender(Protocol):
@@ -81,8 +92,8 @@ STALE = StaleSender()
 class PartitionTransactions:
     """One stage's transactional producers, one per input partition of the current generation."""
 
-    def __init__(self, app: AppT, stage: str, topics: Sequence[str]) -> None:
-        self.app, self.stage, self.topics = app, stage, frozenset(topics)
+    def __init__(self, app: AppT, stage: str, topics: Sequence[str], changelog: str | None = None) -> None:
+        self.app, self.stage, self.topics, self.changelog = app, stage, frozenset(topics), changelog
         self.group_id = app.conf.id
         self.producers: dict[int, AIOKafkaProducer] = {}
         self.senders: dict[int, TransactionSender] = {}
@@ -132,6 +143,10 @@ class PartitionTransactions:
                                        "transactional_id": self.transactional_id(partition)})
         await producer.start()
         await producer.begin_transaction()  # waits for init_transactions: the id is ours from here
+        if self.changelog is not None:  # its end a commit marker, for the recovery that follows
+            await producer.send(self.changelog, None, key=FENCE_KEY, partition=partition)
+            await producer.commit_transaction()
+            await producer.begin_transaction()
         return producer
 
     async def commit(self, events: Iterable[EventT]) -> None:
@@ -186,8 +201,8 @@ class Transactions:
         self.app = app
         self.stages: list[PartitionTransactions] = []
 
-    def add(self, stage: str, topics: Sequence[str]) -> PartitionTransactions:
-        transactions = PartitionTransactions(self.app, stage, topics)
+    def add(self, stage: str, topics: Sequence[str], changelog: str | None = None) -> PartitionTransactions:
+        transactions = PartitionTransactions(self.app, stage, topics, changelog)
         self.stages.append(transactions)
         return transactions
 
