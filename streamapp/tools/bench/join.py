@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from streamapp import wire
-from streamapp.settings import Settings
+from streamapp.settings import EXACTLY_ONCE, Settings
 from streamapp.tools.bench import copy, join_report, kstreams, quixjoin
 from streamapp.tools.bench.pairs import RESULT_LAG, Cameras, PairLoad, create_plain_topics, load_producer
 from streamapp.tools.bench.sampler import cpu_seconds_of, directory_bytes, rss_of
@@ -62,6 +62,8 @@ WARMUP_FRACTION = 0.1
 SYSTEMS = ("copy", "kstreams", "quix", "streamapp")
 # The worker over TLS and SASL: not run unless asked for (`--systems ... streamapp-tls`).
 TLS_SYSTEM = "streamapp-tls"
+# The worker under exactly-once: not run unless asked for (`--systems ... streamapp-eos`).
+EOS_SYSTEM = "streamapp-eos"
 DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0, 2250.0, 2700.0, 3150.0, 3600.0,
                  4050.0)
 
@@ -149,6 +151,7 @@ class System:
     joins = True
     pending_measure: str | None = None
     secured = False  # the system itself connects over SASL_SSL
+    isolation_level = "read_uncommitted"  # how a downstream consumer must read its output
 
     def __init__(self, settings: Settings, secured: Settings | None = None) -> None:
         self.settings = settings  # the load's, the reader's and the topics' connection
@@ -295,6 +298,15 @@ class StreamappJoinOverTls(StreamappJoin):
                                                        security=self.secured_settings.security)
 
 
+class StreamappJoinExactlyOnce(StreamappJoin):
+    name = EOS_SYSTEM
+    label = "streamapp join worker, exactly-once"
+    isolation_level = "read_committed"  # an output counts once its transaction has committed
+
+    def worker_settings(self, prefix: str) -> Settings:
+        return super().worker_settings(prefix).replace(processing_guarantee=EXACTLY_ONCE)
+
+
 def _stats(worker: Worker) -> dict:
     try:
         return worker.stats()
@@ -304,7 +316,7 @@ def _stats(worker: Worker) -> dict:
 
 SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStreamsJoin,
                                          "quix": QuixStreamsJoin, "streamapp": StreamappJoin,
-                                         TLS_SYSTEM: StreamappJoinOverTls}
+                                         TLS_SYSTEM: StreamappJoinOverTls, EOS_SYSTEM: StreamappJoinExactlyOnce}
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,7 +330,7 @@ async def read_outputs(settings: Settings, system: System, topic: str, outputs: 
             system.tally(outputs, record, now)
         outputs.last_at = time.monotonic()
 
-    await follow(settings, topic, tally, poll_ms=200)
+    await follow(settings, topic, tally, poll_ms=200, isolation_level=system.isolation_level)
 
 
 class Sampler:

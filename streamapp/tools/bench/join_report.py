@@ -188,7 +188,11 @@ def ratios(systems: dict[str, dict]) -> dict:
             "tls_backlog_vs_plaintext": ratio(backlog("streamapp-tls"), backlog("streamapp")),
             "tls_cpu_per_pair_vs_plaintext": ratio(cpu_per_pair("streamapp-tls"), cpu_per_pair("streamapp")),
             "tls_broker_cpu_per_pair_vs_plaintext": ratio(cpu_per_pair("streamapp-tls", "broker_cpu_s_per_1k_pairs"),
-                                                          cpu_per_pair("streamapp", "broker_cpu_s_per_1k_pairs"))}
+                                                          cpu_per_pair("streamapp", "broker_cpu_s_per_1k_pairs")),
+            # Exactly-once against at-least-once (None unless both ran).
+            "eos_backlog_vs_at_least_once": ratio(backlog("streamapp-eos"), backlog("streamapp")),
+            "eos_cpu_per_pair_vs_at_least_once": ratio(cpu_per_pair("streamapp-eos"), cpu_per_pair("streamapp")),
+            "eos_live_max_vs_at_least_once": ratio(live("streamapp-eos"), live("streamapp"))}
 
 
 def markdown(report: dict) -> str:
