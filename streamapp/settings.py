@@ -32,7 +32,7 @@ _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
 _TOKEN = re.compile(r"[!-~]*")
 
 
-# Faust's names; docs/exactly-once.md says how exactly-once fared when workers were killed.
+# Faust's names; docs/exactly-once.md says what exactly-once holds (streamapp.worker.transactions).
 AT_LEAST_ONCE = "at_least_once"
 EXACTLY_ONCE = "exactly_once"
 PROCESSING_GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)

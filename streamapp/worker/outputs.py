@@ -20,7 +20,8 @@ A chunk's records go to the producer in record batches per partition (streamapp.
 not through aiokafka's per-record ``send``; a record larger than a request is refused by
 position before anything is sent, as ``send`` would.
 
-Under exactly-once the outputs must join Faust's transaction: they go through Faust's producer.
+Under exactly-once the outputs must join the transaction of their input's partition: they go out
+on the loop (:class:`FaustOutbox`, through streamapp.worker.deadletter).
 """
 
 from __future__ import annotations
@@ -205,7 +206,8 @@ class ThreadOutbox:
 
 
 class FaustOutbox:
-    """An Outbox sent through Faust's producer, as under exactly-once its transaction requires."""
+    """An Outbox sent on the loop, each output to where its event's outputs go: under exactly-once
+    the open transaction of the event's partition."""
 
     def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str,
                  in_flight: OutputsInFlight) -> None:
