@@ -13,6 +13,7 @@ through the writes its ``base`` still holds, and commits after it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -47,11 +48,18 @@ class JoinTransaction:
                 message = event.message
                 ends, tp = offsets.setdefault(message.partition, {}), TopicPartition(message.topic, message.partition)
                 ends[tp] = max(ends.get(tp, 0), message.offset + 1)
-        for number in sorted(set(self.held) | set(offsets)):
+        async def write(number: int) -> None:
             changes = [(key, None if entry is None else entry.encode())
                        for key, entry in self.held.get(number, _NOTHING_HELD).items()]
             await self.window.write(number, changes, retry, generation=generation, offsets=offsets.get(number))
             self.held.pop(number, None)  # written: a retry of the commit does not send it again
+
+        numbers = sorted(set(self.held) | set(offsets))
+        if self.window.commits is None:
+            for number in numbers:
+                await write(number)
+        else:  # each partition's commit waits for the broker: all at once
+            await asyncio.gather(*(write(number) for number in numbers))
         self.base = None
 
     def get(self, number: int, key: bytes) -> Entry | None:

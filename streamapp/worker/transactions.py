@@ -98,7 +98,7 @@ class PartitionTransactions:
         self.producers: dict[int, AIOKafkaProducer] = {}
         self.senders: dict[int, TransactionSender] = {}
         self.generation: int | None = None
-        self.committing = asyncio.Lock()  # a commit and a restart never overlap
+        self.committing: set[asyncio.Future] = set()  # commits in flight, which a restart waits for
         self.commits = 0
 
     def transactional_id(self, partition: int) -> str:
@@ -125,13 +125,13 @@ class PartitionTransactions:
         (which fences its id's previous owner and completes its last transaction) and in a begun
         transaction; the old ones stopped, their open transactions aborted."""
         partitions = sorted({tp.partition for tp in assigned if tp.topic in self.topics})
-        async with self.committing:
-            old, self.producers, self.senders = list(self.producers.values()), {}, {}
-            self.generation = generation
-            await asyncio.gather(*(_stop(producer) for producer in old))
-            started = await asyncio.gather(*(self._started(partition) for partition in partitions))
-            self.producers = dict(zip(partitions, started, strict=True))
-            self.senders = {partition: TransactionSender(producer) for partition, producer in self.producers.items()}
+        await self.stop()
+        # No input of the new generation is handed to the stage before this returns (the
+        # partitions are paused until the tables have recovered and the offsets are read).
+        self.generation = generation
+        started = await asyncio.gather(*(self._started(partition) for partition in partitions))
+        self.producers = dict(zip(partitions, started, strict=True))
+        self.senders = {partition: TransactionSender(producer) for partition, producer in self.producers.items()}
         if partitions:
             log.info("%s: transactional producers ready for partitions %s (generation %s)",
                      self.stage, partitions, generation)
@@ -167,21 +167,28 @@ class PartitionTransactions:
         """Commit the open transaction of ``partition``, with ``offsets`` if any, and begin the
         next; False, and nothing committed, if ``generation`` is no longer the current one (what
         was sent in it is aborted with its producer)."""
-        async with self.committing:
-            producer = self.producers.get(partition)
-            if producer is None or generation != self.generation:
-                return False
-            if offsets:
-                await producer.send_offsets_to_transaction(offsets, self.group_id)
-            await producer.commit_transaction()
-            await producer.begin_transaction()
-            self.commits += 1
-            return True
+        producer = self.producers.get(partition)
+        if producer is None or generation != self.generation:
+            return False
+        commit = asyncio.ensure_future(self._commit(producer, offsets))
+        self.committing.add(commit)
+        commit.add_done_callback(self.committing.discard)
+        await commit
+        self.commits += 1
+        return True
+
+    async def _commit(self, producer: AIOKafkaProducer, offsets: dict[TopicPartition, int] | None) -> None:
+        if offsets:
+            await producer.send_offsets_to_transaction(offsets, self.group_id)
+        await producer.commit_transaction()
+        await producer.begin_transaction()
 
     async def stop(self) -> None:
-        async with self.committing:
-            producers, self.producers, self.senders = list(self.producers.values()), {}, {}
-            await asyncio.gather(*(_stop(producer) for producer in producers))
+        """Stop the producers, once the commits in flight are done; none starts from here on."""
+        producers, self.producers, self.senders = list(self.producers.values()), {}, {}
+        self.generation = None
+        await asyncio.gather(*self.committing, return_exceptions=True)
+        await asyncio.gather(*(_stop(producer) for producer in producers))
 
 
 async def _stop(producer: AIOKafkaProducer) -> None:
