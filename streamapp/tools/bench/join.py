@@ -62,8 +62,10 @@ WARMUP_FRACTION = 0.1
 SYSTEMS = ("copy", "kstreams", "quix", "streamapp")
 # The worker over TLS and SASL: not run unless asked for (`--systems ... streamapp-tls`).
 TLS_SYSTEM = "streamapp-tls"
-# The worker under exactly-once: not run unless asked for (`--systems ... streamapp-eos`).
+# The worker and Kafka Streams under exactly-once: not run unless asked for
+# (`--systems streamapp streamapp-eos kstreams kstreams-eos`).
 EOS_SYSTEM = "streamapp-eos"
+KSTREAMS_EOS_SYSTEM = "kstreams-eos"
 DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0, 2250.0, 2700.0, 3150.0, 3600.0,
                  4050.0)
 
@@ -222,6 +224,9 @@ class KafkaStreamsJoin(System):
         super().__init__(settings, secured)
         self.build = kstreams.ensure_build()
 
+    def client_properties(self, scratch: Path) -> Path:
+        return kstreams.write_client_properties(self.settings, scratch)
+
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
         state = scratch / "state"
         state.mkdir(parents=True, exist_ok=True)
@@ -229,9 +234,21 @@ class KafkaStreamsJoin(System):
                                 application_id=f"{topics.prefix}kstreams", frames=topics.frames,
                                 results=topics.results, output=topics.output, state_dir=state,
                                 window_ms=int(self.settings.join_ttl_s * 1000),
-                                client_properties=kstreams.write_client_properties(self.settings, scratch))
+                                client_properties=self.client_properties(scratch))
         process = Process("Kafka Streams join", argv, logs / "kstreams.log", kstreams.READY_MARKER)
         return Running(process, pending=lambda: kstreams.last_rocksdb_bytes(process.log_path))
+
+
+class KafkaStreamsJoinExactlyOnce(KafkaStreamsJoin):
+    name = KSTREAMS_EOS_SYSTEM
+    label = f"Kafka Streams {kstreams.KAFKA_STREAMS_VERSION}, exactly_once_v2"
+    isolation_level = "read_committed"
+
+    def client_properties(self, scratch: Path) -> Path:
+        path = super().client_properties(scratch)
+        with path.open("a") as properties:  # read before the join's own settings, which leave it
+            properties.write("processing.guarantee=exactly_once_v2\n")
+        return path
 
 
 class QuixStreamsJoin(System):
@@ -316,7 +333,8 @@ def _stats(worker: Worker) -> dict:
 
 SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStreamsJoin,
                                          "quix": QuixStreamsJoin, "streamapp": StreamappJoin,
-                                         TLS_SYSTEM: StreamappJoinOverTls, EOS_SYSTEM: StreamappJoinExactlyOnce}
+                                         TLS_SYSTEM: StreamappJoinOverTls, EOS_SYSTEM: StreamappJoinExactlyOnce,
+                                         KSTREAMS_EOS_SYSTEM: KafkaStreamsJoinExactlyOnce}
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from streamapp.tools.arguments import (
 from streamapp.tools.bench.join import (
     DEFAULT_RATES,
     EOS_SYSTEM,
+    KSTREAMS_EOS_SYSTEM,
     SYSTEMS,
     TLS_SYSTEM,
     JoinBenchOptions,
@@ -61,12 +62,14 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help="cameras sharing each rate, e.g. 10 for 150 pairs/s as 10 cameras at 15 fps (default 1)")
     join.add_argument("--size", type=resolution_arg, default=(640, 480),
                       help="frame size WIDTHxHEIGHT (default 640x480)")
-    join.add_argument("--systems", nargs="+", choices=[*SYSTEMS, TLS_SYSTEM, EOS_SYSTEM], default=list(SYSTEMS),
+    join.add_argument("--systems", nargs="+", choices=[*SYSTEMS, TLS_SYSTEM, EOS_SYSTEM, KSTREAMS_EOS_SYSTEM],
+                      default=list(SYSTEMS),
                       help=f"which systems to run, in this order (default: the first four); {TLS_SYSTEM} is "
                            "the worker over SASL_SSL (SCRAM-SHA-512) on a second listener of the same broker "
                            "(the load and the reader stay on PLAINTEXT), e.g. "
                            f"`--systems streamapp {TLS_SYSTEM}` for the cost of TLS and SASL; {EOS_SYSTEM} is "
-                           "the worker under exactly-once, its output read read_committed, e.g. "
+                           f"the worker under exactly-once and {KSTREAMS_EOS_SYSTEM} Kafka Streams under "
+                           "exactly_once_v2, their output read read_committed, e.g. "
                            f"`--systems streamapp {EOS_SYSTEM}` for the cost of exactly-once")
     join.add_argument("--drain-timeout", type=seconds_arg, default=300.0,
                       help="seconds a backlog or a live step may take to come out (default 300)")

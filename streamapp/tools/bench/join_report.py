@@ -192,7 +192,8 @@ def ratios(systems: dict[str, dict]) -> dict:
             # Exactly-once against at-least-once (None unless both ran).
             "eos_backlog_vs_at_least_once": ratio(backlog("streamapp-eos"), backlog("streamapp")),
             "eos_cpu_per_pair_vs_at_least_once": ratio(cpu_per_pair("streamapp-eos"), cpu_per_pair("streamapp")),
-            "eos_live_max_vs_at_least_once": ratio(live("streamapp-eos"), live("streamapp"))}
+            "eos_live_max_vs_at_least_once": ratio(live("streamapp-eos"), live("streamapp")),
+            "eos_backlog_vs_kstreams_eos": ratio(backlog("streamapp-eos"), backlog("kstreams-eos"))}
 
 
 def markdown(report: dict) -> str:
