@@ -22,7 +22,7 @@ from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.health import Readiness
 from streamapp.worker.metrics import Metrics
-from streamapp.worker.outputs import FaustOutbox, Outbox, OutputsInFlight, OutputThread, ThreadOutbox
+from streamapp.worker.outputs import Outbox, OutputsInFlight, OutputThread, ThreadOutbox, TransactionOutbox
 from streamapp.worker.transactions import PartitionTransactions, Transactions
 
 T = TypeVar("T")
@@ -83,8 +83,11 @@ class Stage:
 
     def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
         """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""
+        transactions = None if self.transactions is None else self.transactions.of_stage(stage)
+        if transactions is not None:
+            return TransactionOutbox(topic, self.dead_letters, stage, transactions, self.outputs_in_flight)
         if self.output_thread is None:
-            return FaustOutbox(topic, self.dead_letters, stage, self.outputs_in_flight)
+            raise ValueError(f"{stage} batches its outputs, but the worker has no output thread")
         return ThreadOutbox(topic, self.dead_letters, stage, self.output_thread, self.outputs_in_flight)
 
     async def stop_outputs(self) -> None:

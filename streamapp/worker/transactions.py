@@ -213,6 +213,9 @@ class Transactions:
         self.stages.append(transactions)
         return transactions
 
+    def of_stage(self, name: str) -> PartitionTransactions | None:
+        return next((stage for stage in self.stages if stage.stage == name), None)
+
     def sender(self, event: EventT) -> Sender:
         """Where the outputs of ``event`` go: the open transaction of its partition, when its
         stage commits in transactions, else Faust's producer."""
