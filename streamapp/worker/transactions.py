@@ -17,8 +17,9 @@ Every generation (each assignment) starts new producers for every assigned input
 before the join's changelog is recovered and the committed offsets are read
 (:meth:`Transactions.restart`). A new producer's initialisation waits until the previous
 transaction of its id, ours or a dead worker's, is complete, so what is read next is final:
-nothing in flight can still change it. A batch's events sent to producers of an older generation are aborted with
-them, and its commit is skipped: the events are read again from the committed offsets.
+nothing in flight can still change it. A batch's events sent to producers of an older
+generation are aborted with them, and its commit is skipped: the events are read again from the
+committed offsets.
 
 A stage with a changelog (the join) writes its changelog only in these transactions. Its table's
 recovery reads a changelog partition up to the record before the end (the end is a commit
@@ -173,7 +174,15 @@ class PartitionTransactions:
         commit = asyncio.ensure_future(self._commit(producer, offsets))
         self.committing.add(commit)
         commit.add_done_callback(self.committing.discard)
-        await commit
+        try:
+            await commit
+        except KafkaError as exc:
+            # Fenced (the partition moved) or timed out: this producer can commit nothing more,
+            # and the stream has read past the batch. Stop the worker; the partition is read again
+            # from its committed offset by whoever owns it next.
+            log.error("%s: the transaction of partition %d failed: %r", self.stage, partition, exc)
+            await self.app.crash(exc)
+            raise
         self.commits += 1
         return True
 

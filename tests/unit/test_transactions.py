@@ -6,6 +6,7 @@ import asyncio
 from types import SimpleNamespace
 
 from aiokafka import TopicPartition
+from aiokafka.errors import ProducerFenced
 
 from streamapp.worker.transactions import STALE, PartitionTransactions, TransactionSender
 
@@ -71,3 +72,27 @@ def test_a_partition_not_assigned_here_sends_nowhere():
     transactions = _transactions(partitions=(0,))
     assert transactions.sender(_event("frames", 1, 5)) is STALE
     assert transactions.producer_in(3, 1) is None
+
+
+def test_a_commit_the_broker_refuses_stops_the_worker():
+    class Fenced(TransactionalProducer):
+        async def commit_transaction(self):
+            raise ProducerFenced()
+
+    async def scenario():
+        crashes: list = []
+
+        async def crash(reason):
+            crashes.append(reason)
+
+        transactions = _transactions(partitions=(0,))
+        transactions.app.crash = crash
+        transactions.producers[0] = Fenced()  # type: ignore[assignment]
+        try:
+            await transactions.commit([_event("frames", 0, 3)])
+        except ProducerFenced:
+            return crashes, transactions.commits
+        raise AssertionError("the failed commit was not raised")
+
+    crashes, commits = asyncio.run(scenario())
+    assert [type(reason) for reason in crashes] == [ProducerFenced] and commits == 0
