@@ -422,10 +422,13 @@ def register(stage: Stage) -> None:
     stage.metrics.declare("infer_frames_in_total", "infer_results_total", "infer_batches_total",
                           "infer_over_pixel_budget_total")
 
+    commit = stage.batch_commit("infer", stage.topics.scaled)
+
     @stage.app.agent(stage.topics.scaled, name="infer")
     async def infer(stream):
         async for events in acked_when_done(stream.take_events(stage.settings.infer_batch, within=BATCH_WAIT_S)):
             await _infer_events(stage, detector, latency, events)
+            await commit(events)
 
 
 async def _infer_events(stage, detector: Detector, latency, events) -> None:

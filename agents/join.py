@@ -331,7 +331,7 @@ class InFlight:
 
     async def finish(self, retry: WriteRetry) -> None:
         await self.outbox.delivered()
-        await self.transaction.commit(retry)
+        await self.transaction.commit(retry, self.batch.events)
         self.batch.ack()  # its offsets may commit now: after its outputs and its changelog records
 
 
@@ -395,6 +395,10 @@ def register(stage: Stage) -> None:
         changelog_config=changelog_config(settings),
         recovery_buffer_size=stage.buffer_records,
     )
+    # Under exactly-once a batch's outputs, changelog records and offsets commit in its
+    # partitions' transactions, as do a sweep's unmatched frames and markers.
+    window.commits = stage.partition_transactions("join", topics.frames, topics.detections,
+                                                  changelog=window.changelog.topic)
     joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
                     marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),
                     latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
@@ -434,8 +438,9 @@ def register(stage: Stage) -> None:
         replacement, unmatched = joiner.on_due(entry, now_ms())
         if unmatched is None:
             return DueOutcome(replacement)
-        delivery = await topics.joined.send(key=unmatched.frame.id.bucket_key(settings.bucket_size),
-                                            value=wire.encode_joined(unmatched))
+        sender, key = window.output_sender(partition, app.producer), unmatched.frame.id.bucket_key(settings.bucket_size)
+        delivery = await sender.send(topics.joined.get_topic_name(), key, wire.encode_joined(unmatched),
+                                     None, None, None)
         return DueOutcome(replacement, delivery)
 
     def keep_in_step() -> None:
@@ -471,8 +476,9 @@ def register(stage: Stage) -> None:
         """Whether the next batch is decided on top of ``decided``: nothing needs the lock or the
         window as written (expiry, a rebalance, a full disk), and input for it arrives before
         ``decided``'s outputs are acknowledged (else the run ends: at a trickle, a batch
-        commits as soon as its outputs are acknowledged, as it would alone)."""
-        if run.due_to_end() or app.rebalancing or disk.paused:
+        commits as soon as its outputs are acknowledged, as it would alone). Never under
+        exactly-once: the next batch's outputs would go into ``decided``'s open transactions."""
+        if run.due_to_end() or app.rebalancing or disk.paused or window.commits is not None:
             return False
         return await batches.input_before(decided.outbox.acked())
 

@@ -37,24 +37,38 @@ def resize_frame(frame: Frame, width: int, height: int, quality: int = 90) -> Fr
     )
 
 
+# Frames a resize batch takes at most, and the longest the first waits for others: under
+# exactly-once a batch is one transaction per input partition, which costs a few round trips.
+BATCH_FRAMES = 16
+BATCH_WAIT_S = 0.01
+
+
 def register(stage: Stage) -> None:
     """Faust agent: ``frames`` -> ``frames.scaled``; undecodable frames are dead-lettered."""
-    settings, topics = stage.settings, stage.topics
+    topics = stage.topics
     stage.metrics.declare("resize_frames_in_total", "resize_frames_out_total", "resize_over_pixel_budget_total")
+    commit = stage.batch_commit("resize", topics.frames)
 
     @stage.app.agent(topics.frames, name="resize")
     async def resize(stream):
-        async for event in acked_when_done(stream.events()):
-            stage.metrics.inc("resize_frames_in_total")
-            try:
-                frame = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
-                scaled = await stage.offload(resize_frame, frame, settings.resize_width,
-                                             settings.resize_height, settings.jpeg_quality)
-            except (wire.WireError, *UNUSABLE_PIXELS) as exc:
-                await stage.dead_letters.refuse(event, stage="resize", error=exc)
-                continue
-            if await stage.dead_letters.emit(event, stage="resize", topic=topics.scaled,
-                                             key=frame.id.bucket_key(settings.bucket_size),
-                                             value=wire.encode_frame(scaled),
-                                             timestamp=event.message.timestamp):
-                stage.metrics.inc("resize_frames_out_total")
+        async for events in acked_when_done(stream.take_events(BATCH_FRAMES, within=BATCH_WAIT_S)):
+            for event in events:
+                await _resize_event(stage, event)
+            await commit(events)
+
+
+async def _resize_event(stage: Stage, event) -> None:
+    settings, topics = stage.settings, stage.topics
+    stage.metrics.inc("resize_frames_in_total")
+    try:
+        frame = wire.decode_frame(event.value, max_frame_bytes=settings.max_frame_bytes)
+        scaled = await stage.offload(resize_frame, frame, settings.resize_width,
+                                     settings.resize_height, settings.jpeg_quality)
+    except (wire.WireError, *UNUSABLE_PIXELS) as exc:
+        await stage.dead_letters.refuse(event, stage="resize", error=exc)
+        return
+    if await stage.dead_letters.emit(event, stage="resize", topic=topics.scaled,
+                                     key=frame.id.bucket_key(settings.bucket_size),
+                                     value=wire.encode_frame(scaled),
+                                     timestamp=event.message.timestamp):
+        stage.metrics.inc("resize_frames_out_total")

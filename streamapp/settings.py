@@ -33,9 +33,10 @@ _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
 _TOKEN = re.compile(r"[!-~]*")
 
 
-# Faust's names; docs/exactly-once.md says how exactly-once fared when workers were killed.
+# Faust's names; docs/exactly-once.md says what exactly-once holds (streamapp.kafka.transactions).
 AT_LEAST_ONCE = "at_least_once"
-PROCESSING_GUARANTEES = (AT_LEAST_ONCE, "exactly_once")
+EXACTLY_ONCE = "exactly_once"
+PROCESSING_GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)
 # A worker's log lines: Faust's text, or one JSON object per line (streamapp.worker.logs).
 LOG_FORMATS = ("text", "json")
 
@@ -347,6 +348,14 @@ class Settings:
         _require(self.processing_guarantee in PROCESSING_GUARANTEES,
                  f"STREAMAPP_PROCESSING_GUARANTEE must be one of {', '.join(PROCESSING_GUARANTEES)}")
         _require(self.log_format in LOG_FORMATS, f"STREAMAPP_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
+
+    def check_worker(self) -> None:
+        """What a worker of these stages needs beyond the settings each stage needs: under
+        exactly-once, no two of its stages commit the offsets of the same input (resize and join
+        both read frames, each committing in its own transactions)."""
+        _require(self.processing_guarantee != EXACTLY_ONCE or not {"resize", "join"} <= set(self.stages),
+                 "STREAMAPP_PROCESSING_GUARANTEE=exactly_once: resize and join both read frames and commit "
+                 "its offsets; run them in separate workers (STREAMAPP_STAGES)")
 
     @property
     def budget_frame_pixels(self) -> int:

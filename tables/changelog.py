@@ -3,13 +3,16 @@
 Faust's ``Table.send_changelog`` wraps each record in its message, buffer and callback objects
 and writes the offset marker to RocksDB from a callback per record: together more CPU than the
 join's decision on the record. Here a window write's records go to the producer as they are,
-in order, in as few record batches as they fill (one per record under exactly-once, where they
-join Faust's transaction), and one callback per write, on its last batch, checks that they all
-arrived and writes the offset marker once (the Kafka producer completes one partition's records
-in order).
+in order, in as few record batches as they fill, and one callback per write, on its last batch,
+checks that they all arrived and writes the offset marker once (the Kafka producer completes one
+partition's records in order).
 Faust still flushes this producer before it commits input offsets, so offsets never commit
 ahead of the changelog records of their events (R4). A record that cannot be delivered stops
 the worker: committing past it would lose state.
+
+Under exactly-once the records go to the transaction of their partition instead, and the offset
+marker moves only once that transaction has committed and the store holds the changes
+(streamapp.tables.window).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import functools
 from asyncio import CancelledError
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 from faust.types import TP, TableT
 
@@ -33,20 +36,33 @@ class ChangelogWriter:
     def __init__(self, table: TableT) -> None:
         self.table = table
 
+    @property
+    def topic(self) -> str:
+        return self.table.changelog_topic.get_topic_name()
+
     async def send(self, partition: int, changes: Sequence[tuple[bytes, bytes | None]]) -> None:
-        """Send the changelog record of each change to ``partition``, in order."""
+        """Send the changelog record of each change to ``partition``, in order, through Faust's
+        producer; the offset marker moves once they have all arrived."""
         if not changes:
             return
-        app = self.table.app
-        topic = self.table.changelog_topic.get_topic_name()
-        if app.in_transaction:  # the records join the transaction that commits their inputs' offsets
-            transactions = app.consumer.transactions
-            deliveries = [
-                Delivery(cast(asyncio.Future, await transactions.send(topic, key, value, partition, None, None)), 1)
-                for key, value in changes]
-        else:  # aiokafka's per-record send was a twentieth of the join's loop for these records alone
-            deliveries = await send_in_batches(kafka_producer_of(app.producer), topic, partition, changes)
+        # aiokafka's per-record send was a twentieth of the join's loop for these records alone.
+        producer = kafka_producer_of(self.table.app.producer)
+        deliveries = await send_in_batches(producer, self.topic, partition, changes)
         deliveries[-1].future.add_done_callback(functools.partial(self._delivered, deliveries))
+
+    async def send_in_transaction(self, producer: Any, partition: int,
+                                  changes: Sequence[tuple[bytes, bytes | None]]) -> list[Delivery]:
+        """Send the records through ``producer``, a transactional one with its transaction open;
+        the caller moves the offset marker (:meth:`persisted`) once the transaction committed and
+        the store has the changes."""
+        if not changes:
+            return []
+        return await send_in_batches(producer, self.topic, partition, changes)
+
+    def persisted(self, partition: int, deliveries: Sequence[Delivery]) -> None:
+        """The store holds every change of ``deliveries``, all delivered: recovery reads on after them."""
+        if deliveries:
+            self._store().set_persisted_offset(TP(self.topic, partition), deliveries[-1].last_offset())
 
     def _delivered(self, deliveries: list[Delivery], last: asyncio.Future) -> None:
         app = self.table.app
@@ -57,11 +73,7 @@ class ChangelogWriter:
                 asyncio.ensure_future(app.crash(failed))
                 return
         metadata = last.result()
-        tp = TP(metadata.topic, metadata.partition)
-        offset = deliveries[-1].last_offset()
-        store: JoinStore = self.table.data  # type: ignore[assignment]
-        if app.in_transaction:
-            app.tables.persist_offset_on_commit(store, tp, offset)
-        else:
-            store.set_persisted_offset(tp, offset)
+        self._store().set_persisted_offset(TP(metadata.topic, metadata.partition), deliveries[-1].last_offset())
 
+    def _store(self) -> JoinStore:
+        return self.table.data  # type: ignore[return-value]

@@ -13,7 +13,12 @@ through the writes its ``base`` still holds, and commits after it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from aiokafka import TopicPartition
+from faust.types import EventT
 
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 
@@ -22,30 +27,57 @@ from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 WriteRetry = Callable[[Callable[[], None]], Awaitable[None]]
 # Reads a partition's entry as stored (JoinWindow.get).
 Reader = Callable[[int, bytes], Entry | None]
-# Stores one partition's changes in one atomic batch through the retry, then sends their changelog
-# records (JoinWindow.write).
-Writer = Callable[[int, list[tuple[bytes, bytes | None]], WriteRetry], Awaitable[None]]
+
+
+class Writer(Protocol):
+    """Stores one partition's changes in one atomic batch through the retry, then sends their
+    changelog records; under exactly-once in the partition's transaction of ``generation``, which
+    commits with ``offsets`` (JoinWindow.write)."""
+
+    def __call__(self, partition: int, changes: list[tuple[bytes, bytes | None]], retry: WriteRetry, *,
+                 generation: int | None = None, offsets: dict[TopicPartition, int] | None = None) -> Awaitable[bool]:
+        ...
+
 
 _NOTHING_HELD: dict[bytes, Entry | None] = {}  # never written: what a partition without writes holds
 
 
 class JoinTransaction:
-    """``pair_met`` is called for each pair whose two sides meet inside this transaction."""
+    """``pair_met`` is called for each pair whose two sides meet inside this transaction;
+    ``transactional`` under exactly-once, where each partition's writes commit with its offsets."""
 
     def __init__(self, read: Reader, write: Writer, pair_met: Callable[[], None],
-                 base: JoinTransaction | None = None) -> None:
+                 base: JoinTransaction | None = None, *, transactional: bool = False) -> None:
         self.read, self.write, self.pair_met, self.base = read, write, pair_met, base
+        self.transactional = transactional
         self.held: dict[int, dict[bytes, Entry | None]] = {}
 
     def partition(self, number: int) -> PartitionWrites:
         return PartitionWrites(self, number)
 
-    async def commit(self, retry: WriteRetry) -> None:
-        """Write each partition's changes (through ``retry``) and send their changelog records."""
-        for number in list(self.held):
-            changes = [(key, None if entry is None else entry.encode()) for key, entry in self.held[number].items()]
-            await self.write(number, changes, retry)
-            del self.held[number]  # written: a retry of the commit does not send it again
+    async def commit(self, retry: WriteRetry, events: Sequence[EventT] = ()) -> None:
+        """Write each partition's changes (through ``retry``) and send their changelog records.
+        Under exactly-once each partition of ``events`` (the batch decided, all of one
+        generation) commits them with its input offsets, changes or not."""
+        offsets: dict[int, dict[TopicPartition, int]] = {}
+        generation = events[0].message.generation_id if events else None
+        if self.transactional:
+            for event in events:
+                message = event.message
+                ends, tp = offsets.setdefault(message.partition, {}), TopicPartition(message.topic, message.partition)
+                ends[tp] = max(ends.get(tp, 0), message.offset + 1)
+        async def write(number: int) -> None:
+            changes = [(key, None if entry is None else entry.encode())
+                       for key, entry in self.held.get(number, _NOTHING_HELD).items()]
+            await self.write(number, changes, retry, generation=generation, offsets=offsets.get(number))
+            self.held.pop(number, None)  # written: a retry of the commit does not send it again
+
+        numbers = sorted(set(self.held) | set(offsets))
+        if not self.transactional:
+            for number in numbers:
+                await write(number)
+        else:  # each partition's commit waits for the broker: all at once
+            await asyncio.gather(*(write(number) for number in numbers))
         self.base = None
 
     def get(self, number: int, key: bytes) -> Entry | None:

@@ -18,9 +18,10 @@ import asyncio
 import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import faust
+from aiokafka import TopicPartition
 from faust.stores import STORES
 
 from streamapp.tables.changelog import ChangelogWriter
@@ -55,8 +56,30 @@ class DueOutcome:
 DueHandler = Callable[[bytes, Entry, int], Awaitable[DueOutcome]]
 
 
+class PartitionCommits(Protocol):
+    """Under exactly-once, the transactions of the join's input partitions
+    (streamapp.kafka.transactions): one open transaction per partition, per generation."""
+
+    generation: int | None
+
+    def producer_in(self, generation: int | None, partition: int) -> Any:
+        """The transactional producer of ``partition``, None unless ``generation`` is current."""
+
+    def sender_in(self, generation: int | None, partition: int) -> Any:
+        """``partition``'s open transaction behind Faust's producer ``send``."""
+
+    async def commit_partition(self, generation: int | None, partition: int,
+                               offsets: dict[TopicPartition, int] | None = None) -> bool:
+        """Commit ``partition``'s transaction (with ``offsets``); False if ``generation`` is past."""
+
+
+
 class JoinWindow:
     """Entries keyed by join key, each living until its partner cannot come, durable through the changelog."""
+
+    # Under exactly-once (the join sets it); None at least once.
+    commits: PartitionCommits | None = None
+    sweep_generation: int | None = None  # the generation a sweep began in, under exactly-once
 
     def __init__(
         self,
@@ -96,15 +119,42 @@ class JoinWindow:
 
     def transaction(self, base: JoinTransaction | None = None) -> JoinTransaction:
         """Writes held until committed; decided on top of ``base``'s, if it has not committed yet."""
-        return JoinTransaction(self.get, self.write, self._count_pair_met, base)
+        return JoinTransaction(self.get, self.write, self._count_pair_met, base,
+                               transactional=self.commits is not None)
 
     def _count_pair_met(self) -> None:
         self.pairs_completed_in_batch += 1
 
-    async def write(self, partition: int, changes: list[tuple[bytes, bytes | None]], retry: WriteRetry) -> None:
-        """Store ``changes`` in one atomic batch through ``retry``, then send their changelog records."""
-        await retry(functools.partial(self.store.write_many, partition, changes))
-        await self.changelog.send(partition, changes)
+    async def write(self, partition: int, changes: list[tuple[bytes, bytes | None]], retry: WriteRetry, *,
+                    generation: int | None = None, offsets: dict[TopicPartition, int] | None = None) -> bool:
+        """Store ``changes`` in one atomic batch through ``retry``, then send their changelog records.
+
+        Under exactly-once the records go first, into ``partition``'s transaction (which holds
+        the outputs that imply them), and commit with ``offsets``; only then does the store take
+        the changes, so it never holds what an aborted transaction took back (a killed worker's
+        store lacks at most the last commit, which recovery reads from the changelog). False,
+        and nothing written, when ``generation`` is past: the partition moved meanwhile."""
+        if self.commits is None:
+            await retry(functools.partial(self.store.write_many, partition, changes))
+            await self.changelog.send(partition, changes)
+            return True
+        producer = self.commits.producer_in(generation, partition)
+        if producer is None:
+            return False
+        deliveries = await self.changelog.send_in_transaction(producer, partition, changes)
+        if not await self.commits.commit_partition(generation, partition, offsets):
+            return False
+        if changes:
+            await retry(functools.partial(self.store.write_many, partition, changes))
+            self.changelog.persisted(partition, deliveries)
+        return True
+
+    def output_sender(self, partition: int, producer: Any) -> Any:
+        """Where an expiry sends what it emits for ``partition``: ``producer`` (Faust's) at least
+        once, the partition's transaction of the sweep's generation under exactly-once."""
+        if self.commits is None:
+            return producer
+        return self.commits.sender_in(self.sweep_generation, partition)
 
     async def expire(self, now_ms: int, ttl_ms: int, progress: ReadProgress, on_due: DueHandler,
                      retry: WriteRetry) -> int:
@@ -134,6 +184,8 @@ class JoinWindow:
         next sweep, with no crash at all."""
         store = self.store
         expired = 0
+        if self.commits is not None:
+            self.sweep_generation = self.commits.generation
         for number, partition in list(store.active_partitions()):
             while batch := due(number, partition):
                 outcomes = [await on_due(key, Entry.decode(value), number) for key, value in batch]
@@ -142,7 +194,8 @@ class JoinWindow:
                     break  # revoked while delivering: its new owner expires these entries
                 replacements = [(key, None if outcome.replacement is None else outcome.replacement.encode())
                                 for (key, _), outcome in zip(batch, outcomes, strict=True)]
-                await self.write(number, replacements, retry)
+                if not await self.write(number, replacements, retry, generation=self.sweep_generation):
+                    break  # the partition moved: its new owner expires these entries
                 expired += len(batch)
                 await asyncio.sleep(0)
         return expired

@@ -35,6 +35,12 @@ with those after it: a record that reaches a stream after a stop (or a rebalance
 was committed unhandled, and lost. Such an ack is refused here (:meth:`StreamappConsumer.ack`), so the record is read
 again from the committed offset.
 
+Under exactly-once the consumer reads ``read_committed`` (Faust's) and asks the broker for the
+last stable offsets rather than taking those of the last fetch, unknown before the first: Faust's
+table recovery took an unknown end for an empty changelog and recovered nothing. A changelog
+written in transactions ends in a commit marker (streamapp.kafka.transactions), which recovery
+never reads: the end it waits for is the record before it.
+
 The consumer also says where each input partition is read from in a generation (its committed
 offset, as sought), which the join needs to tell "caught up" before it has read a partition, and
 counts the input that the broker's retention deleted before it was read (streamapp.unread).
@@ -58,6 +64,7 @@ from mode import Service
 from streamapp.kafka.handover import HandOver
 from streamapp.kafka.producer import StreamappProducer
 from streamapp.kafka.streams import flowing
+from streamapp.kafka.transactions import PartitionTransactionManager
 from streamapp.unread import UnreadGaps
 
 log = logging.getLogger(__name__)
@@ -70,12 +77,21 @@ FETCH_MAX_WAIT_MS = 50
 
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread, with a fetch wait that does not hold back a backlog."""
+    """Faust's consumer thread, with a fetch wait that does not hold back a backlog, and under
+    exactly-once the ends of partitions as the broker knows them."""
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop):
         consumer = super()._create_consumer(loop)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # Faust passes 1500; start() hands it to the fetcher
         return consumer
+
+    async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
+        if not self.consumer.in_transaction:
+            return await super()._highwaters(partitions)
+        # read_committed: the broker answers with the last stable offsets.
+        ends = await self._ensure_consumer().end_offsets(partitions)
+        changelog = cast(StreamappConsumer, self.consumer)._is_changelog_tp
+        return {tp: max(end - 1, 0) if changelog(tp) else end for tp, end in ends.items()}
 
 
 class StreamappConsumer(faust_aiokafka.Consumer):
@@ -240,3 +256,4 @@ class StreamappConsumer(faust_aiokafka.Consumer):
 class Transport(faust_aiokafka.Transport):
     Consumer = StreamappConsumer
     Producer = StreamappProducer
+    TransactionManager = PartitionTransactionManager

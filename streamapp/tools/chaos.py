@@ -9,6 +9,9 @@ compares what was produced with what came out:
 * ``lost``: produced frames without a frame file at the sink (must be 0);
 * ``sink_duplicates``: frames the sink wrote more than once (must be 0), and
   ``joined_redelivered``: extra copies in the ``joined`` topic that the idempotent sink absorbed;
+* ``duplicates_by_topic``: extra committed copies of a frame in each topic a stage writes
+  (``frames.scaled``, ``detections``, ``joined``), read ``read_committed`` as a downstream
+  consumer would (0 under exactly-once; at least once, a kill leaves redelivered copies);
 * ``recovery``: per kill, seconds until the new process was ready and until it processed again;
 * ``workers_exited``: workers that ended without being killed (must be 0).
 
@@ -48,11 +51,13 @@ from streamapp.tools.harness import (
     ensure_broker,
     processed,
     read_joined,
+    read_topic,
     wait_for,
 )
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import LocalCluster, count_under_replicated, default_cluster_dir
 from streamapp.tools.localkafka.common import DEFAULT_PORT
+from streamapp.topics import topic_names
 from streamapp.units import parse_duration
 from streamapp.wire import new_epoch
 
@@ -222,8 +227,24 @@ def sink_files(out: Path, produced: set[wire.FrameId]) -> int:
     return sum(frame_path(out, frame_id).exists() for frame_id in produced)
 
 
+async def duplicates_by_topic(settings: Settings) -> dict[str, int]:
+    """Extra committed copies of a frame in each topic a stage writes."""
+    names = topic_names(settings)
+    frame_ids = {
+        "scaled": lambda value: wire.decode_frame(value, view=True).id,
+        "detections": lambda value: wire.decode_detections(value).id,
+        "joined": lambda value: wire.peek_joined(value)[0],
+    }
+    duplicates = {}
+    for role, frame_id in frame_ids.items():
+        records = await read_topic(settings, names[role], settings.partitions)
+        copies = Counter(frame_id(record.value) for record in records)
+        duplicates[names[role].removeprefix(settings.topic_prefix)] = sum(count - 1 for count in copies.values())
+    return duplicates
+
+
 def report(options: ChaosOptions, run: ChaosRun, source: SteadyCameras, joined: JoinedTopic, out: Path,
-           elapsed_s: float) -> dict:
+           elapsed_s: float, duplicates: dict[str, int]) -> dict:
     run.files.check()
     produced = source.produced
     lost = sorted((frame_id for frame_id in produced if not frame_path(out, frame_id).exists()),
@@ -245,6 +266,7 @@ def report(options: ChaosOptions, run: ChaosRun, source: SteadyCameras, joined: 
         "joined_distinct": len(joined.copies),
         "joined_missing": len(produced - set(joined.copies)),
         "joined_redelivered": sum(count - 1 for count in joined.copies.values()),
+        "duplicates_by_topic": duplicates,
         "joined_matched": sum("joined" in outcome for outcome in joined.outcomes.values()),
         "unmatched_frames": sum(outcome == {"unmatched"} for outcome in joined.outcomes.values()),
         "joined_and_unmatched": sum(len(outcome) > 1 for outcome in joined.outcomes.values()),
@@ -296,7 +318,8 @@ def run_chaos(options: ChaosOptions, settings: Settings | None = None, cluster: 
         asyncio.run(wait_for(lambda: sink_files(out, source.produced) == len(source.produced),
                              options.settle_timeout_s))
         joined = asyncio.run(read_joined(base))
-        summary = report(options, chaos, source, joined, out, time.monotonic() - began)
+        duplicates = asyncio.run(duplicates_by_topic(base))
+        summary = report(options, chaos, source, joined, out, time.monotonic() - began, duplicates)
     finally:
         pipeline.stop()
         if broker is not None:
@@ -332,7 +355,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fps", type=steady_fps_arg, default=10.0, help="frames per second per stream (default 10)")
     parser.add_argument("--ttl", default="30s", help="join TTL (default 30s)")
     parser.add_argument("--guarantee", choices=PROCESSING_GUARANTEES, default="at_least_once",
-                        help="Faust processing guarantee of the workers (default at_least_once)")
+                        help="processing guarantee of the workers (default at_least_once)")
     parser.add_argument("--wipe-join-store-every", type=count_or_zero_arg, default=2,
                         help="every N-th kill of the join deletes its store (default 2; 0 never)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill order and moments")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
+from typing import cast
 
 import faust
 from faust.exceptions import ProducerSendError
@@ -15,6 +16,7 @@ from faust.types import EventT
 
 from streamapp.jpeg import OverPixelBudget
 from streamapp.worker.metrics import Metrics
+from streamapp.kafka.transactions import Sender, Transactions
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +25,21 @@ MAX_REASON_BYTES = 1024
 
 
 class DeadLetters:
-    def __init__(self, topic: faust.TopicT, metrics: Metrics) -> None:
+    """Dead letters, and the outputs of the stages that may be refused (too large) in their place.
+
+    Each record goes to Faust's producer, or under exactly-once to the transaction of the
+    partition its event came from (``transactions``): a dead letter or output commits with the
+    offset of the event it stands for."""
+
+    def __init__(self, topic: faust.TopicT, metrics: Metrics, transactions: Transactions | None = None) -> None:
         self.topic = topic
         self.metrics = metrics
+        self.transactions = transactions
+
+    def _sender(self, event: EventT) -> Sender:
+        if self.transactions is None:
+            return cast(Sender, self.topic.app.producer)
+        return self.transactions.sender(event)
 
     async def send(self, event: EventT, *, stage: str, reason: str) -> None:
         """Dead-letter ``event``: exactly one record, whatever the record is (R11)."""
@@ -34,14 +48,15 @@ class DeadLetters:
                     message.topic, message.partition, message.offset, stage, reason,
                     extra={"topic": message.topic, "partition": message.partition, "offset": message.offset})
         headers = dead_letter_headers(stage, reason, message.topic, message.partition, message.offset)
+        sender, name = self._sender(event), self.topic.get_topic_name()
         try:
             # A record with neither key nor value (an empty tombstone) cannot be produced as is.
             value = b"" if message.value is None and message.key is None else message.value
-            await self.topic.send(key=message.key, value=value, headers=headers)
+            await sender.send(name, message.key, value, None, None, headers)
         except ProducerSendError as exc:
             # Our headers pushed a record at the size limit over it: keep why and where it came
             # from, the original stays at its source offset until retention.
-            await self.topic.send(key=message.key, value=b"", headers=headers + [
+            await sender.send(name, message.key, b"", None, None, headers + [
                 ("original_dropped", f"{len(message.value or b'')} bytes: {exc}".encode()[:MAX_REASON_BYTES]),
             ])
         self.metrics.inc(f"{stage}_dead_lettered_total")
@@ -59,15 +74,11 @@ class DeadLetters:
         producer refused it (too large) and ``event`` was dead-lettered instead. ``timestamp``
         (seconds) is the output's Kafka timestamp; None stamps it now.
 
-        Straight to Faust's producer: the topic's own send wraps every record in Faust's message
-        and callback objects, which cost more than the send itself, for nothing used here. Faust
-        still flushes this producer before it commits offsets. Under exactly-once the sender is
-        Faust's transaction manager, as for the topic's own send: the output joins the
-        transaction that commits its input's offset."""
-        app = topic.app
-        sender = app.consumer.transactions if app.in_transaction else app.producer
+        Straight to the producer: the topic's own send wraps every record in Faust's message and
+        callback objects, which cost more than the send itself, for nothing used here. Faust
+        still flushes its producer before it commits offsets."""
         try:
-            return await sender.send(topic.get_topic_name(), key, value, None, timestamp, None)
+            return await self._sender(event).send(topic.get_topic_name(), key, value, None, timestamp, None)
         except ProducerSendError as exc:
             await self.send(event, stage=stage, reason=f"output to {topic.get_topic_name()} refused: {exc}")
             return None

@@ -24,7 +24,7 @@ from streamapp.kafka.buffers import ByteBoundedQueue
 from streamapp.kafka.monitor import faust_monitor
 from streamapp.kafka.producer import KeyPartitioner
 from streamapp.kafkasecurity import broker_credentials
-from streamapp.settings import Settings
+from streamapp.settings import EXACTLY_ONCE, Settings
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
 from streamapp.worker import health, logs, webport
@@ -38,6 +38,7 @@ from streamapp.worker.metrics import (
 )
 from streamapp.worker.outbox import OutputThread
 from streamapp.worker.stage import AppTopics, Stage
+from streamapp.kafka.transactions import Transactions
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,18 @@ class StreamApp(KafkaApp):
     memory_plan: MemoryPlan
     dropped: OverloadCounts
     stream_buffers: list[ByteBoundedQueue]
+    # The stages' transactions under exactly-once; None at least once.
+    transactions: Transactions | None = None
     # Counted once, when frozen: each count walks every frozen object ("A gauge that walked the heap").
     frozen_objects = 0
+
+    @property
+    def in_transaction(self) -> bool:
+        """Faust's exactly-once (its consumer reads read_committed, its recovery steps over
+        transaction markers), with streamapp's transactions. Faust asks whether the worker has
+        started, and its consumer asks once, when it is made: the join makes it as it registers,
+        before the worker starts, so under Faust's answer the join never read committed."""
+        return self.transactions is not None
 
     async def on_first_start(self) -> None:
         settings = self.streamapp_settings
@@ -107,17 +118,9 @@ def buffer_records(settings: Settings) -> int:
     return max(_MIN_BUFFER_RECORDS, settings.memory_budget_bytes // 4 // _BUFFERED_RECORD_BYTES)
 
 
-def standby_replicas(settings: Settings) -> int:
-    """None: a join standby doubles changelog reads and disk. Except for a stateless worker under
-    exactly-once: Faust 0.15.3 gives tableless workers its round-robin assignor, whose assignments
-    lack the topic groups its transactions are named by (KeyError at the first assignment); a
-    standby count above 0 selects Faust's own assignor, and without tables it costs nothing."""
-    stateless = "join" not in settings.stages
-    return 1 if stateless and settings.processing_guarantee == "exactly_once" else 0
-
-
 def create_app(settings: Settings | None = None) -> StreamApp:
     settings = settings or Settings.from_env()
+    settings.check_worker()
     kafkaclient.install()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     records = buffer_records(settings)
@@ -142,7 +145,8 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         # Every topic, the join's changelog included, is made (or verified, for a user who may not
         # create topics) by on_first_start; Faust would try to create the changelog again.
         topic_allow_declare=False,
-        table_standby_replicas=standby_replicas(settings),
+        # None: a join standby doubles changelog reads and disk.
+        table_standby_replicas=0,
         topic_replication_factor=settings.replication_factor,
         broker_max_poll_records=POLL_RECORDS,
         consumer_max_fetch_size=plan.fetch_bytes_per_partition,
@@ -157,6 +161,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         broker_heartbeat_interval=2.0,
         # Every write waits for all in-sync copies (min.insync.replicas on a cluster).
         producer_acks=-1,
+        # Under exactly-once, Faust's transaction manager is streamapp.kafka.transactions'.
         processing_guarantee=settings.processing_guarantee,
         TableManager=PromptTableManager,
     )
@@ -166,6 +171,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     app.memory_plan = plan
     app.dropped = OverloadCounts()
     app.stream_buffers = []
+    app.transactions = Transactions(app) if settings.processing_guarantee == EXACTLY_ONCE else None
     metrics = Metrics()
     app.monitor = faust_monitor(metrics.registry)
     metrics.add_gauges(app.budget_gauges)
@@ -180,21 +186,25 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         role: app.topic(name, key_serializer="raw", value_serializer="raw", partitions=None)
         for role, name in names.items()
     })
-    # Only the join batches its outputs; under exactly-once they join Faust's transaction, so they
-    # stay on its producer.
-    output_thread = "join" in settings.stages and settings.processing_guarantee != "exactly_once"
+    # Only the join batches its outputs; under exactly-once they join its transactions, so they
+    # stay on the loop.
+    output_thread = "join" in settings.stages and app.transactions is None
     stage = Stage(
         app=app,
         settings=settings,
         topics=app_topics,
         metrics=metrics,
-        dead_letters=DeadLetters(app_topics.deadletter, metrics),
+        dead_letters=DeadLetters(app_topics.deadletter, metrics, app.transactions),
         rocks_memory=shared_rocks_memory(plan.rocksdb_bytes),
         buffer_records=records,
         batch_bytes=plan.batch_bytes,
         output_thread=OutputThread(app.producer, name="outputs") if output_thread else None,
+        transactions=app.transactions,
     )
     metrics.add_gauges(stage.outputs_in_flight.as_metrics)
+    if app.transactions is not None:
+        metrics.add_gauges(app.transactions.as_metrics)
+        app.on_before_shutdown.connect(_stop_transactions)  # type: ignore[arg-type]
     health.register(app, stage.readiness, metrics)
     for name in settings.stages:
         importlib.import_module(f"streamapp.agents.{name}").register(stage)
@@ -209,6 +219,10 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         return web.bytes(metrics.prometheus_text().encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
     return app
+
+
+async def _stop_transactions(app: StreamApp, **kwargs) -> None:
+    await cast(Transactions, app.transactions).stop()
 
 
 def create_app_or_exit() -> StreamApp:

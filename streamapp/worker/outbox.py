@@ -20,7 +20,9 @@ A chunk's records go to the producer in record batches per partition (streamapp.
 not through aiokafka's per-record ``send``; a record larger than a request is refused by
 position before anything is sent, as ``send`` would.
 
-Under exactly-once the outputs must join Faust's transaction: they go through Faust's producer.
+Under exactly-once the outputs must join the transaction of their input's partition: they go out
+on the loop, in record batches, through that partition's transactional producer
+(:class:`TransactionOutbox`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from faust.types import EventT, ProducerT
 from streamapp.kafka.producer import check_size, partition_of, producer_options, wait_for_partitions
 from streamapp.recordbatches import Delivery, Value, send_in_batches
 from streamapp.worker.deadletter import DeadLetters
+from streamapp.kafka.transactions import PartitionTransactions
 
 # Outputs handed to the thread at once: small enough that the thread starts sending early in a
 # batch, large enough that the hand-over (one call across threads) stays rare.
@@ -69,15 +72,11 @@ class OutputThread:
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._send(topic, records), self.loop))
 
     async def _send(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> list[str | None]:
-        deliveries: list[Delivery] = []
         async with self.sending:  # chunks are handed to the producers in the order they came
             producers = await self._started()
             producer = producers[self.chunks_sent % len(producers)]
             self.chunks_sent += 1
-            await wait_for_partitions(producer, topic)
-            refused, by_partition = _partitioned(producer, topic, records)
-            for partition, pending in by_partition.items():
-                deliveries += await send_in_batches(producer, topic, partition, pending)
+            refused, deliveries = await _handed_over(producer, topic, records)
         await asyncio.gather(*(delivery.future for delivery in deliveries))
         return refused
 
@@ -97,6 +96,42 @@ class OutputThread:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(producer.stop(), self.loop))
         self.loop.call_soon_threadsafe(self.loop.stop)
         await asyncio.to_thread(self.thread.join)
+
+
+class PartitionTransactionSender:
+    """An output thread's ``submit`` on the loop, into the open transaction of one input
+    partition (of one generation) under exactly-once."""
+
+    def __init__(self, transactions: PartitionTransactions, generation: int | None, partition: int) -> None:
+        self.transactions, self.generation, self.partition = transactions, generation, partition
+
+    def submit(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> asyncio.Future:
+        return asyncio.ensure_future(self._send(topic, records))
+
+    async def _send(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> list[str | None]:
+        producer = self.transactions.producer_in(self.generation, self.partition)
+        if producer is None:  # the partition moved: its transaction is aborted, outputs and all
+            return [None] * len(records)
+        try:
+            refused, deliveries = await _handed_over(producer, topic, records)
+            await asyncio.gather(*(delivery.future for delivery in deliveries))
+        except KafkaError:
+            if self.transactions.producer_in(self.generation, self.partition) is producer:
+                raise
+            return [None] * len(records)  # the producer was stopped as the partition moved
+        return refused
+
+
+async def _handed_over(producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, Value]]
+                       ) -> tuple[list[str | None], list[Delivery]]:
+    """Hand ``records`` to ``producer`` in record batches per partition: what it refused of each, by
+    position, and the deliveries of the rest."""
+    await wait_for_partitions(producer, topic)
+    refused, by_partition = _partitioned(producer, topic, records)
+    deliveries: list[Delivery] = []
+    for partition, pending in by_partition.items():
+        deliveries += await send_in_batches(producer, topic, partition, pending)
+    return refused, deliveries
 
 
 def _partitioned(producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, Value]]
@@ -165,10 +200,17 @@ class Outbox(Protocol):
         """Wait until every output is acknowledged; dead-letter the events of refused ones."""
 
 
-class ThreadOutbox:
-    """An Outbox sent from the output thread, in chunks handed over as they fill."""
+class Submitter(Protocol):
+    def submit(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> asyncio.Future:
+        """Send ``records`` (key, value) to ``topic``; the future resolves once all are
+        acknowledged, to what the producer refused of each, by position (None: sent)."""
 
-    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str, thread: OutputThread,
+
+class ThreadOutbox:
+    """An Outbox sent in chunks handed over as they fill: from the output thread, or under
+    exactly-once into the transaction of one input partition."""
+
+    def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str, thread: Submitter,
                  in_flight: OutputsInFlight) -> None:
         self.topic, self.dead_letters, self.stage, self.thread = topic, dead_letters, stage, thread
         self.in_flight = in_flight
@@ -200,29 +242,36 @@ class ThreadOutbox:
                     await self.dead_letters.send(event, stage=self.stage, reason=reason)
 
 
-class FaustOutbox:
-    """An Outbox sent through Faust's producer, as under exactly-once its transaction requires."""
+class TransactionOutbox:
+    """An Outbox under exactly-once: each output in the open transaction of its event's input
+    partition, in chunks handed over as they fill, one ThreadOutbox per partition."""
 
     def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str,
-                 in_flight: OutputsInFlight) -> None:
+                 transactions: PartitionTransactions, in_flight: OutputsInFlight) -> None:
         self.topic, self.dead_letters, self.stage = topic, dead_letters, stage
-        self.in_flight = in_flight
-        self.deliveries: list = []
+        self.transactions, self.in_flight = transactions, in_flight
+        self.partitions: dict[tuple[int | None, int], ThreadOutbox] = {}
 
     async def add(self, event: EventT, key: bytes, value: Value) -> None:
-        delivery = await self.dead_letters.emit(event, stage=self.stage, topic=self.topic, key=key, value=bytes(value))
-        if delivery is not None:
-            self.in_flight.track(asyncio.ensure_future(delivery), 1, len(value))  # a Future already
-            self.deliveries.append(delivery)
+        message = event.message
+        where = (message.generation_id, message.partition)
+        outbox = self.partitions.get(where)
+        if outbox is None:
+            sender = PartitionTransactionSender(self.transactions, *where)
+            outbox = self.partitions[where] = ThreadOutbox(self.topic, self.dead_letters, self.stage, sender,
+                                                           self.in_flight)
+        await outbox.add(event, key, value)
 
     def hand_over(self) -> None:
-        """Each output is handed to Faust's producer as it is added."""
+        for outbox in self.partitions.values():
+            outbox.hand_over()
 
     def acked(self) -> asyncio.Future:
-        return _all_done(self.deliveries)
+        return _all_done(outbox.acked() for outbox in self.partitions.values())
 
     async def delivered(self) -> None:
-        await asyncio.gather(*self.deliveries)
+        for outbox in self.partitions.values():
+            await outbox.delivered()
 
 
 def _all_done(futures: Iterable[asyncio.Future]) -> asyncio.Future:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import faust
+from faust.types import EventT
 
 from streamapp.previewframes import LatestFrames
 from streamapp.settings import Settings
@@ -21,7 +22,8 @@ from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.health import Readiness
 from streamapp.worker.metrics import Metrics
-from streamapp.worker.outbox import FaustOutbox, Outbox, OutputsInFlight, OutputThread, ThreadOutbox
+from streamapp.worker.outbox import Outbox, OutputsInFlight, OutputThread, ThreadOutbox, TransactionOutbox
+from streamapp.kafka.transactions import PartitionTransactions, Transactions
 
 T = TypeVar("T")
 
@@ -47,9 +49,11 @@ class Stage:
     rocks_memory: RocksMemory
     buffer_records: int
     batch_bytes: int
-    # The join's; None without a join, and under exactly-once, where outputs join Faust's
-    # transaction (streamapp.worker.outbox).
+    # The join's; None without a join, and under exactly-once, where outputs join the input
+    # partition's transaction (streamapp.worker.outbox).
     output_thread: OutputThread | None
+    # Under exactly-once; None at least once (streamapp.kafka.transactions).
+    transactions: Transactions | None = None
     # One thread for pixel work: decoded images exist one at a time (R7) and the event loop
     # stays free to heartbeat while a frame is decoded, detected or drawn.
     pixels: ThreadPoolExecutor = dataclasses.field(
@@ -61,10 +65,29 @@ class Stage:
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
 
+    def batch_commit(self, stage: str, *topics: faust.TopicT) -> Callable[[Sequence[EventT]], Awaitable[None]]:
+        """What ``stage`` calls once a batch of events of ``topics`` has sent its outputs: under
+        exactly-once it commits them and the events' offsets in the transaction of each input
+        partition; at least once it does nothing (Faust commits the offsets of acked events after
+        flushing its producer)."""
+        transactions = self.partition_transactions(stage, *topics)
+        return _nothing_to_commit if transactions is None else transactions.commit
+
+    def partition_transactions(self, stage: str, *topics: faust.TopicT,
+                               changelog: str | None = None) -> PartitionTransactions | None:
+        """Under exactly-once, the transactions of ``stage``'s input partitions of ``topics``
+        (and of its ``changelog``'s partitions, one for one); None at least once."""
+        if self.transactions is None:
+            return None
+        return self.transactions.add(stage, [topic.get_topic_name() for topic in topics], changelog)
+
     def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
         """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""
+        transactions = None if self.transactions is None else self.transactions.of_stage(stage)
+        if transactions is not None:
+            return TransactionOutbox(topic, self.dead_letters, stage, transactions, self.outputs_in_flight)
         if self.output_thread is None:
-            return FaustOutbox(topic, self.dead_letters, stage, self.outputs_in_flight)
+            raise ValueError(f"{stage} batches its outputs, but the worker has no output thread")
         return ThreadOutbox(topic, self.dead_letters, stage, self.output_thread, self.outputs_in_flight)
 
     async def stop_outputs(self) -> None:
@@ -74,3 +97,7 @@ class Stage:
     def serve_preview(self, frames: LatestFrames) -> None:
         """Serve the preview pages of ``frames`` from this worker's web port."""
         preview.register(self, frames)
+
+
+async def _nothing_to_commit(events: Sequence[EventT]) -> None:
+    """At least once, Faust commits."""

@@ -33,13 +33,13 @@ def test_killing_each_stage_under_load_loses_and_duplicates_nothing(kafka_bootst
 PENDING = 12
 
 
-@pytest.fixture
-def join_and_sink(kafka_bootstrap, tmp_path, unique_topic):
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def join_and_sink(kafka_bootstrap, tmp_path, unique_topic, request):
     """A join and a sink worker and nothing upstream: frames wait in the join for results that
     never come, until their TTL."""
     settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"{unique_topic}.", partitions=2,
                         join_ttl_s=20.0, sweep_interval_s=0.5, done_marker_ttl_s=30.0,
-                        out_dir=tmp_path / "out")
+                        out_dir=tmp_path / "out", processing_guarantee=request.param)
     pipeline = Pipeline(settings, tmp_path)
     try:
         pipeline.start_all(("join", "sink"))

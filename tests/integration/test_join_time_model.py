@@ -29,12 +29,14 @@ pytestmark = pytest.mark.kafka
 BACKLOG_PAIRS = 5_000
 
 
-@pytest.fixture
-def join_settings(kafka_bootstrap, tmp_path):
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def join_settings(kafka_bootstrap, tmp_path, request):
+    """The join's settings; every rule of the time model holds under either guarantee."""
     def make(**overrides) -> Settings:
         settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"tm-{uuid.uuid4().hex[:12]}.",
                             stages=("join",), data_dir=tmp_path / "join", web_port=free_port(),
-                            memory_budget_bytes=512 * 1024**2).replace(**overrides)
+                            memory_budget_bytes=512 * 1024**2,
+                            processing_guarantee=request.param).replace(**overrides)
         asyncio.run(ensure_topics(settings, with_changelog=True))
         return settings
     return make

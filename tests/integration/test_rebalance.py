@@ -30,11 +30,13 @@ FRAMES_PER_PHASE = 24
 # passes returns as soon as the condition holds.
 
 
-@pytest.fixture
-def settings(kafka_bootstrap, tmp_path, unique_topic):
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def settings(kafka_bootstrap, tmp_path, unique_topic, request):
+    """Under exactly-once the partitions' transactional ids move with them, and each new owner
+    fences the one before."""
     return Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"{unique_topic}.", partitions=4,
                     bucket_size=2, join_ttl_s=20.0, sweep_interval_s=0.5, done_marker_ttl_s=30.0,
-                    out_dir=tmp_path / "out")
+                    out_dir=tmp_path / "out", processing_guarantee=request.param)
 
 
 def _worker(settings: Settings, stage: str, name: str, root) -> Worker:
@@ -94,6 +96,8 @@ def test_partitions_move_back_and_forth_without_loss_and_still_expire(settings, 
             [str(frame_id) for frame_id, path in zip(ids, files, strict=True) if not path.exists()][:10]
         joined = asyncio.run(read_joined(settings))
         assert set(joined.copies) == set(ids)
+        if settings.processing_guarantee == "exactly_once":
+            assert set(joined.copies.values()) == {1}, "a frame committed twice to joined"
         for frame_id in ids:
             expected = {"joined"} if frame_id.index % 2 == 0 else {"unmatched"}
             assert joined.outcomes[frame_id] == expected, frame_id

@@ -48,9 +48,9 @@ def user_recordings() -> list[Path] | None:
     return [Path(path) for path in value.split(os.pathsep)] if value else None
 
 
-def join_settings(bootstrap: str, scenario: Scenario, data_dir: Path) -> Settings:
+def join_settings(bootstrap: str, scenario: Scenario, data_dir: Path, guarantee: str = "at_least_once") -> Settings:
     base = Settings(broker=f"kafka://{bootstrap}", topic_prefix=f"replay-{uuid.uuid4().hex[:8]}.",
-                    stages=("join",), data_dir=data_dir, web_port=free_port())
+                    stages=("join",), data_dir=data_dir, web_port=free_port(), processing_guarantee=guarantee)
     return scenario.settings(base)
 
 
@@ -134,10 +134,11 @@ class Sampler:
 
 
 class JoinedReader:
-    """Reads ``joined`` from its end at the start of the run."""
+    """Reads ``joined`` from its end at the start of the run, as a downstream consumer would
+    (committed records only, under exactly-once)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.consumer = output_consumer(settings)
+        self.consumer = output_consumer(settings, isolation_level="read_committed")
         self.topic = topic_names(settings)["joined"]
         self.outputs: list[Output] = []
 

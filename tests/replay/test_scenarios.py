@@ -33,11 +33,12 @@ pytestmark = pytest.mark.replay
 SHARED = sorted(SCENARIOS.glob("*.json"))  # those in restarts/ need workers of their own
 
 
-@pytest.fixture(scope="module")
-def join_worker(kafka_bootstrap, tmp_path_factory):
-    """One join worker for every scenario of this module (they share the join's settings)."""
+@pytest.fixture(scope="module", params=["at_least_once", "exactly_once"])
+def join_worker(kafka_bootstrap, tmp_path_factory, request):
+    """One join worker for every scenario of this module (they share the join's settings), one
+    per processing guarantee: the outcomes are the same under either."""
     folder = tmp_path_factory.mktemp("replay-join")
-    settings = join_settings(kafka_bootstrap, Scenario.load(SHARED[0]), folder / "data")
+    settings = join_settings(kafka_bootstrap, Scenario.load(SHARED[0]), folder / "data", request.param)
     worker = start_join(settings, folder / "logs")
     yield worker, settings
     worker.stop()

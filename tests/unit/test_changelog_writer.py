@@ -1,6 +1,7 @@
 """The window's changelog writer: records go to the producer in order, in as few record batches
-as they fill (one send per record under exactly-once), one callback per write moves the offset
-marker to the last record's offset, and a record that was not delivered stops the worker."""
+as they fill, one callback per write moves the offset marker to the last record's offset, and a
+record that was not delivered stops the worker. Under exactly-once the records go through the
+partition's transactional producer and the marker moves once the store holds them."""
 
 import asyncio
 from types import SimpleNamespace
@@ -37,20 +38,8 @@ class KafkaProducer:
                 for batch, partition, _ in self.sent]
 
 
-class TransactionalSender:
-    """Faust's transaction manager: one send per record, each its own future."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, bytes | None, int, asyncio.Future]] = []
-
-    async def send(self, topic, key, value, partition, timestamp, headers):
-        delivery = asyncio.get_running_loop().create_future()
-        self.sent.append((key, value, partition, delivery))
-        return delivery
-
-
-def _writer(*, batch_size=16384, in_transaction=False):
-    kafka, transactions, crashes, marked = KafkaProducer(batch_size), TransactionalSender(), [], []
+def _writer(*, batch_size=16384):
+    kafka, crashes, marked = KafkaProducer(batch_size), [], []
 
     def mark(tp, offset):
         marked.append((tp.partition, offset))
@@ -58,14 +47,10 @@ def _writer(*, batch_size=16384, in_transaction=False):
     async def crash(reason):
         crashes.append(reason)
 
-    app = SimpleNamespace(
-        in_transaction=in_transaction, crash=crash,
-        producer=SimpleNamespace(_ensure_producer=lambda: kafka),
-        consumer=SimpleNamespace(transactions=transactions),
-        tables=SimpleNamespace(persist_offset_on_commit=lambda store, tp, offset: mark(tp, offset)))
+    app = SimpleNamespace(crash=crash, producer=SimpleNamespace(_ensure_producer=lambda: kafka))
     store = SimpleNamespace(set_persisted_offset=mark)
     table = SimpleNamespace(app=app, data=store, changelog_topic=SimpleNamespace(get_topic_name=lambda: TOPIC))
-    return ChangelogWriter(table), kafka, transactions, crashes, marked
+    return ChangelogWriter(table), kafka, crashes, marked
 
 
 def _ack(delivery: asyncio.Future, partition: int, offset: int) -> None:
@@ -74,7 +59,7 @@ def _ack(delivery: asyncio.Future, partition: int, offset: int) -> None:
 
 def test_records_go_out_in_order_in_one_batch_and_the_marker_moves_to_the_last_one():
     async def scenario():
-        writer, kafka, _, crashes, marked = _writer()
+        writer, kafka, crashes, marked = _writer()
         await writer.send(2, [(b"a", b"1"), (b"b", None), (b"c", b"3")])
         assert kafka.records() == [[(b"a", b"1", 2), (b"b", None, 2), (b"c", b"3", 2)]]
         _ack(kafka.sent[0][2], 2, 10)  # the batch's first record is at offset 10
@@ -87,7 +72,7 @@ def test_records_go_out_in_order_in_one_batch_and_the_marker_moves_to_the_last_o
 
 def test_records_past_a_full_batch_go_in_the_next_and_the_marker_waits_for_the_last():
     async def scenario():
-        writer, kafka, _, crashes, marked = _writer(batch_size=200)
+        writer, kafka, crashes, marked = _writer(batch_size=200)
         changes = [(f"key-{index}".encode(), b"v" * 50) for index in range(7)]
         await writer.send(0, changes)
         batches = kafka.records()
@@ -107,14 +92,16 @@ def test_records_past_a_full_batch_go_in_the_next_and_the_marker_waits_for_the_l
     assert crashes == [] and marked == [(0, 106)]
 
 
-def test_under_exactly_once_each_record_joins_the_transaction():
+def test_under_exactly_once_the_marker_moves_only_when_told_the_store_holds_the_changes():
     async def scenario():
-        writer, kafka, transactions, crashes, marked = _writer(in_transaction=True)
-        await writer.send(1, [(b"a", b"1"), (b"b", b"2")])
-        assert kafka.sent == [] and [sent[:3] for sent in transactions.sent] == [(b"a", b"1", 1), (b"b", b"2", 1)]
-        for offset, (*_, delivery) in enumerate(transactions.sent):
-            _ack(delivery, 1, 40 + offset)
+        writer, faust_kafka, crashes, marked = _writer()
+        transactional = KafkaProducer(16384)
+        deliveries = await writer.send_in_transaction(transactional, 1, [(b"a", b"1"), (b"b", b"2")])
+        assert faust_kafka.sent == [] and transactional.records() == [[(b"a", b"1", 1), (b"b", b"2", 1)]]
+        _ack(transactional.sent[0][2], 1, 40)
         await asyncio.sleep(0)
+        assert marked == []  # delivered, but the transaction has not committed yet
+        writer.persisted(1, deliveries)
         return crashes, marked
 
     crashes, marked = asyncio.run(scenario())
@@ -123,7 +110,7 @@ def test_under_exactly_once_each_record_joins_the_transaction():
 
 def test_a_batch_not_delivered_stops_the_worker_and_moves_no_marker():
     async def scenario():
-        writer, kafka, _, crashes, marked = _writer(batch_size=200)
+        writer, kafka, crashes, marked = _writer(batch_size=200)
         await writer.send(0, [(f"key-{index}".encode(), b"v" * 50) for index in range(7)])
         kafka.sent[0][2].set_exception(OSError("broker gone"))
         for _, partition, delivery in kafka.sent[1:]:

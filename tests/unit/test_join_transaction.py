@@ -12,13 +12,15 @@ class DictWindow:
     def __init__(self) -> None:
         self.stored: dict[int, dict[bytes, bytes | None]] = {}
         self.pairs_completed_in_batch = 0
+        self.commits = None  # at least once
 
     def get(self, partition: int, key: bytes) -> Entry | None:
         value = self.stored.get(partition, {}).get(key)
         return None if value is None else Entry.decode(value)
 
-    async def write(self, partition: int, changes, retry) -> None:
+    async def write(self, partition: int, changes, retry, **transaction) -> bool:
         self.stored.setdefault(partition, {}).update(changes)
+        return True
 
     def count_pair_met(self) -> None:
         self.pairs_completed_in_batch += 1

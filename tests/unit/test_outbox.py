@@ -10,17 +10,22 @@ import gc
 import pytest
 from aiokafka.errors import KafkaError
 
-from streamapp.worker.outbox import FaustOutbox, OutputsInFlight
+from streamapp.worker.outbox import CHUNK_RECORDS, OutputsInFlight, ThreadOutbox
 
 
-class _Emitting:
-    """Dead letters' emit as FaustOutbox uses it: each output's delivery, in turn."""
+class _Submitting:
+    """An output thread's submit: each chunk's future, in turn."""
 
     def __init__(self, deliveries: list[asyncio.Future]) -> None:
         self.deliveries = iter(deliveries)
 
-    async def emit(self, event, **kwargs) -> asyncio.Future:
+    def submit(self, topic, records) -> asyncio.Future:
         return next(self.deliveries)
+
+
+class _Topic:
+    def get_topic_name(self) -> str:
+        return "joined"
 
 
 def test_acked_waits_for_all_outputs_and_leaves_a_failure_to_delivered():
@@ -30,19 +35,21 @@ def test_acked_waits_for_all_outputs_and_leaves_a_failure_to_delivered():
         loop.set_exception_handler(lambda loop, context: unhandled.append(context))
         failed, sent = loop.create_future(), loop.create_future()
         in_flight = OutputsInFlight()
-        outbox = FaustOutbox(topic=None, dead_letters=_Emitting([failed, sent]), stage="join", in_flight=in_flight)
-        for _ in range(2):
-            await outbox.add(object(), b"key", b"value")
+        outbox = ThreadOutbox(_Topic(), dead_letters=None, stage="join",  # type: ignore[arg-type]
+                              thread=_Submitting([failed, sent]), in_flight=in_flight)
+        for _ in range(2):  # two chunks
+            for _ in range(CHUNK_RECORDS):
+                await outbox.add(object(), b"key", b"value")
         acked = outbox.acked()
         failed.set_exception(KafkaError("broker gone"))
         await asyncio.sleep(0)
         assert not acked.done()  # the other output is still on its way
-        assert in_flight.as_metrics() == {"outputs_in_flight_records": 1, "outputs_in_flight_bytes": 5,
-                                          "outputs_acked_total": 0}
-        sent.set_result(None)
+        assert in_flight.as_metrics() == {"outputs_in_flight_records": CHUNK_RECORDS,
+                                          "outputs_in_flight_bytes": 5 * CHUNK_RECORDS, "outputs_acked_total": 0}
+        sent.set_result([None] * CHUNK_RECORDS)
         await acked  # done, and does not raise
         assert in_flight.as_metrics() == {"outputs_in_flight_records": 0, "outputs_in_flight_bytes": 0,
-                                          "outputs_acked_total": 1}
+                                          "outputs_acked_total": CHUNK_RECORDS}
         # A waiter that stopped waiting (input came first) drops it: nothing is left unretrieved.
         outbox.acked()
         await asyncio.sleep(0)

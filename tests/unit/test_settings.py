@@ -229,3 +229,19 @@ def test_a_worker_is_the_same_static_member_on_every_start_and_no_other_worker_i
 
 def test_without_static_membership_there_is_no_member_name():
     assert Settings(static_membership=False).group_instance_id("http://host:6066") is None
+
+
+@pytest.mark.parametrize(("stages", "guarantee", "refused"), [
+    (STAGES, "exactly_once", True),
+    (("resize", "join"), "exactly_once", True),
+    (("resize", "infer"), "exactly_once", False),
+    (("join", "sink"), "exactly_once", False),
+    (STAGES, "at_least_once", False),
+])
+def test_a_worker_under_exactly_once_never_runs_two_stages_committing_one_input(stages, guarantee, refused):
+    settings = Settings(stages=stages, processing_guarantee=guarantee)  # a pipeline's settings may name all
+    if refused:
+        with pytest.raises(SettingsError, match="resize and join both read frames"):
+            settings.check_worker()
+    else:
+        settings.check_worker()

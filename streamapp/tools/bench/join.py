@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from streamapp import wire
-from streamapp.settings import Settings
+from streamapp.settings import EXACTLY_ONCE, Settings
 from streamapp.tools.bench import copy, join_report, kstreams, quixjoin
 from streamapp.tools.bench.pairs import RESULT_LAG, Cameras, PairLoad, create_plain_topics, load_producer
 from streamapp.tools.bench.sampler import cpu_seconds_of, directory_bytes, rss_of
@@ -62,6 +62,10 @@ WARMUP_FRACTION = 0.1
 SYSTEMS = ("copy", "kstreams", "quix", "streamapp")
 # The worker over TLS and SASL: not run unless asked for (`--systems ... streamapp-tls`).
 TLS_SYSTEM = "streamapp-tls"
+# The worker and Kafka Streams under exactly-once: not run unless asked for
+# (`--systems streamapp streamapp-eos kstreams kstreams-eos`).
+EOS_SYSTEM = "streamapp-eos"
+KSTREAMS_EOS_SYSTEM = "kstreams-eos"
 DEFAULT_RATES = (150.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1500.0, 1800.0, 2250.0, 2700.0, 3150.0, 3600.0,
                  4050.0)
 
@@ -151,6 +155,7 @@ class System:
     joins = True
     pending_measure: str | None = None
     secured = False  # the system itself connects over SASL_SSL
+    isolation_level = "read_uncommitted"  # how a downstream consumer must read its output
 
     def __init__(self, settings: Settings, secured: Settings | None = None) -> None:
         self.settings = settings  # the load's, the reader's and the topics' connection
@@ -221,6 +226,9 @@ class KafkaStreamsJoin(System):
         super().__init__(settings, secured)
         self.build = kstreams.ensure_build()
 
+    def client_properties(self, scratch: Path) -> Path:
+        return kstreams.write_client_properties(self.settings, scratch)
+
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
         state = scratch / "state"
         state.mkdir(parents=True, exist_ok=True)
@@ -228,9 +236,21 @@ class KafkaStreamsJoin(System):
                                 application_id=f"{topics.prefix}kstreams", frames=topics.frames,
                                 results=topics.results, output=topics.output, state_dir=state,
                                 window_ms=int(self.settings.join_ttl_s * 1000),
-                                client_properties=kstreams.write_client_properties(self.settings, scratch))
+                                client_properties=self.client_properties(scratch))
         process = Process("Kafka Streams join", argv, logs / "kstreams.log", kstreams.READY_MARKER)
         return Running(process, pending=lambda: kstreams.last_rocksdb_bytes(process.log_path))
+
+
+class KafkaStreamsJoinExactlyOnce(KafkaStreamsJoin):
+    name = KSTREAMS_EOS_SYSTEM
+    label = f"Kafka Streams {kstreams.KAFKA_STREAMS_VERSION}, exactly_once_v2"
+    isolation_level = "read_committed"
+
+    def client_properties(self, scratch: Path) -> Path:
+        path = super().client_properties(scratch)
+        with path.open("a") as properties:  # read before the join's own settings, which leave it
+            properties.write("processing.guarantee=exactly_once_v2\n")
+        return path
 
 
 class QuixStreamsJoin(System):
@@ -297,6 +317,15 @@ class StreamappJoinOverTls(StreamappJoin):
                                                        security=self.secured_settings.security)
 
 
+class StreamappJoinExactlyOnce(StreamappJoin):
+    name = EOS_SYSTEM
+    label = "streamapp join worker, exactly-once"
+    isolation_level = "read_committed"  # an output counts once its transaction has committed
+
+    def worker_settings(self, prefix: str) -> Settings:
+        return super().worker_settings(prefix).replace(processing_guarantee=EXACTLY_ONCE)
+
+
 def _stats(worker: Worker) -> dict:
     try:
         return worker.stats()
@@ -306,7 +335,8 @@ def _stats(worker: Worker) -> dict:
 
 SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStreamsJoin,
                                          "quix": QuixStreamsJoin, "streamapp": StreamappJoin,
-                                         TLS_SYSTEM: StreamappJoinOverTls}
+                                         TLS_SYSTEM: StreamappJoinOverTls, EOS_SYSTEM: StreamappJoinExactlyOnce,
+                                         KSTREAMS_EOS_SYSTEM: KafkaStreamsJoinExactlyOnce}
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,7 +350,7 @@ async def read_outputs(settings: Settings, system: System, topic: str, outputs: 
             system.tally(outputs, record, now)
         outputs.last_at = time.monotonic()
 
-    await follow(settings, topic, tally, poll_ms=200)
+    await follow(settings, topic, tally, poll_ms=200, isolation_level=system.isolation_level)
 
 
 class Sampler:

@@ -16,7 +16,15 @@ from streamapp.tools.arguments import (
     seconds_arg,
     steady_fps_arg,
 )
-from streamapp.tools.bench.join import DEFAULT_RATES, SYSTEMS, TLS_SYSTEM, JoinBenchOptions, run_join_bench
+from streamapp.tools.bench.join import (
+    DEFAULT_RATES,
+    EOS_SYSTEM,
+    KSTREAMS_EOS_SYSTEM,
+    SYSTEMS,
+    TLS_SYSTEM,
+    JoinBenchOptions,
+    run_join_bench,
+)
 from streamapp.tools.bench.join_report import markdown
 
 HELP = ("the join side by side with Kafka Streams, Quix Streams and a plain copy, on one broker and the "
@@ -54,11 +62,15 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help="cameras sharing each rate, e.g. 10 for 150 pairs/s as 10 cameras at 15 fps (default 1)")
     join.add_argument("--size", type=resolution_arg, default=(640, 480),
                       help="frame size WIDTHxHEIGHT (default 640x480)")
-    join.add_argument("--systems", nargs="+", choices=[*SYSTEMS, TLS_SYSTEM], default=list(SYSTEMS),
+    join.add_argument("--systems", nargs="+", choices=[*SYSTEMS, TLS_SYSTEM, EOS_SYSTEM, KSTREAMS_EOS_SYSTEM],
+                      default=list(SYSTEMS),
                       help=f"which systems to run, in this order (default: the first four); {TLS_SYSTEM} is "
                            "the worker over SASL_SSL (SCRAM-SHA-512) on a second listener of the same broker "
                            "(the load and the reader stay on PLAINTEXT), e.g. "
-                           f"`--systems streamapp {TLS_SYSTEM}` for the cost of TLS and SASL")
+                           f"`--systems streamapp {TLS_SYSTEM}` for the cost of TLS and SASL; {EOS_SYSTEM} is "
+                           f"the worker under exactly-once and {KSTREAMS_EOS_SYSTEM} Kafka Streams under "
+                           "exactly_once_v2, their output read read_committed, e.g. "
+                           f"`--systems streamapp {EOS_SYSTEM}` for the cost of exactly-once")
     join.add_argument("--tls-rounds", type=count_arg, default=1,
                       help=f"with both streamapp and {TLS_SYSTEM}: rounds of their backlog drains in the order "
                            "A B B A after an uncounted one of each, the TLS ratios being the geometric mean of each "

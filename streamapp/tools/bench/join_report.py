@@ -210,7 +210,12 @@ def ratios(systems: dict[str, dict], tls: dict | None = None) -> dict:
             "live_max_vs_quix": ratio(live("streamapp"), live("quix")),
             "peak_rss_vs_quix": ratio(peak_rss("streamapp"), peak_rss("quix")),
             # Over SASL_SSL against PLAINTEXT (None unless both ran).
-            **{f"tls_{name}_vs_plaintext": (tls or {}).get(f"{name}_vs_plaintext") for name in TLS_MEASURES}}
+            **{f"tls_{name}_vs_plaintext": (tls or {}).get(f"{name}_vs_plaintext") for name in TLS_MEASURES},
+            # Exactly-once against at-least-once (None unless both ran).
+            "eos_backlog_vs_at_least_once": ratio(backlog("streamapp-eos"), backlog("streamapp")),
+            "eos_cpu_per_pair_vs_at_least_once": ratio(cpu_per_pair("streamapp-eos"), cpu_per_pair("streamapp")),
+            "eos_live_max_vs_at_least_once": ratio(live("streamapp-eos"), live("streamapp")),
+            "eos_backlog_vs_kstreams_eos": ratio(backlog("streamapp-eos"), backlog("kstreams-eos"))}
 
 
 def markdown(report: dict) -> str:

@@ -85,7 +85,7 @@ def pipeline_acls(settings: Settings) -> list[Acl]:
         prefixed(ResourceType.GROUP, Operation.READ, *STAGES),
     ]
     if settings.processing_guarantee == "exactly_once":
-        # Faust names a transaction <group id>-<topic group>-<partition>.
+        # A stage names its transactions <group id>-<stage>-<partition> (streamapp.kafka.transactions).
         acls.append(prefixed(ResourceType.TRANSACTIONAL_ID, Operation.WRITE, *STAGES))
     return acls
 
