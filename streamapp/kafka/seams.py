@@ -274,6 +274,17 @@ SEAMS: tuple[Seam, ...] = (
         lambda: parameters("faust.stores.rocksdb:Store.apply_changelog_batch", "self", "batch", "to_key", "to_value"),
         lambda: source_says("faust.stores.rocksdb:Store.__init__", "self._dbs = "),
     )),
+    Seam("transactions: one per input partition", "faust-streaming", _all(
+        lambda: has("faust.transport.drivers.aiokafka:Transport", "TransactionManager"),
+        lambda: has("faust.app.base:App", "in_transaction"),
+        lambda: parameters("faust.transport.consumer:TransactionManager.on_rebalance",
+                           "self", "assigned", "revoked", "newly_assigned"),
+        lambda: parameters("faust.transport.consumer:TransactionManager.commit",
+                           "self", "offsets", "start_new_transaction"),
+        lambda: parameters("faust.transport.consumer:Consumer._commit", "self", "offsets"),
+        lambda: parameters("faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._highwaters",
+                           "self", "partitions"),
+    )),
 )
 
 

@@ -15,8 +15,8 @@ from faust.exceptions import ProducerSendError
 from faust.types import EventT
 
 from streamapp.jpeg import OverPixelBudget
-from streamapp.worker.metrics import Metrics
 from streamapp.kafka.transactions import Sender, Transactions
+from streamapp.worker.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

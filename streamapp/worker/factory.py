@@ -23,6 +23,7 @@ from streamapp.kafka.app import KafkaApp, PromptTableManager
 from streamapp.kafka.buffers import ByteBoundedQueue
 from streamapp.kafka.monitor import faust_monitor
 from streamapp.kafka.producer import KeyPartitioner
+from streamapp.kafka.transactions import Transactions
 from streamapp.kafkasecurity import broker_credentials
 from streamapp.settings import EXACTLY_ONCE, Settings
 from streamapp.tables.memory import shared_rocks_memory
@@ -38,7 +39,6 @@ from streamapp.worker.metrics import (
 )
 from streamapp.worker.outbox import OutputThread
 from streamapp.worker.stage import AppTopics, Stage
-from streamapp.kafka.transactions import Transactions
 
 log = logging.getLogger(__name__)
 

@@ -39,9 +39,9 @@ from aiokafka.errors import KafkaError
 from faust.types import EventT, ProducerT
 
 from streamapp.kafka.producer import check_size, partition_of, producer_options, wait_for_partitions
+from streamapp.kafka.transactions import PartitionTransactions
 from streamapp.recordbatches import Delivery, Value, send_in_batches
 from streamapp.worker.deadletter import DeadLetters
-from streamapp.kafka.transactions import PartitionTransactions
 
 # Outputs handed to the thread at once: small enough that the thread starts sending early in a
 # batch, large enough that the hand-over (one call across threads) stays rare.

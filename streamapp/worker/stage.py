@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import faust
 from faust.types import EventT
 
+from streamapp.kafka.transactions import PartitionTransactions, Transactions
 from streamapp.previewframes import LatestFrames
 from streamapp.settings import Settings
 from streamapp.tables.memory import RocksMemory
@@ -23,7 +24,6 @@ from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.health import Readiness
 from streamapp.worker.metrics import Metrics
 from streamapp.worker.outbox import Outbox, OutputsInFlight, OutputThread, ThreadOutbox, TransactionOutbox
-from streamapp.kafka.transactions import PartitionTransactions, Transactions
 
 T = TypeVar("T")
 

@@ -102,6 +102,10 @@ def _set_changed(self, key, value, partition):
     return None
 
 
+async def _commit_changed(self, offsets, metadata):
+    return True
+
+
 # What a new release could do to what each seam depends on.
 MOVES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "read: responses read whole": lambda mp: mp.setattr(AIOKafkaConnection, "connect", _connect_elsewhere),
@@ -136,6 +140,8 @@ MOVES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "app: transport and table manager": lambda mp: mp.setattr(faust.tables.manager.TableManager, "on_start",
                                                               _on_start_changed),
     "store: RocksDB store hooks": lambda mp: mp.setattr(faust.stores.rocksdb.Store, "_set", _set_changed),
+    "transactions: one per input partition": lambda mp: mp.setattr(faust.transport.consumer.Consumer, "_commit",
+                                                                    _commit_changed),
 }
 
 
