@@ -42,7 +42,6 @@ from streamapp.wire import Detections, Frame, Joined
 
 if TYPE_CHECKING:
     from streamapp.tables.transaction import JoinTransaction, WriteRetry
-    from streamapp.worker.deadletter import DeadLetters
     from streamapp.worker.outbox import Outbox
     from streamapp.worker.stage import Stage
 
@@ -324,26 +323,15 @@ class PartnerHoldBack:
 
 @dataclasses.dataclass
 class InFlight:
-    """A decided batch whose outputs are on their way: its window writes and its acks wait for them.
-    Its dead letters leave when it finishes: under exactly-once the transaction open while it is
-    decided may still be the batch before's. ``committed`` is done once it has finished (under
-    exactly-once: its transactions have committed, so the batch after may send into the next)."""
+    """A decided batch whose outputs are on their way: its window writes and its acks wait for them."""
 
     batch: Batch
     transaction: JoinTransaction
     outbox: Outbox
-    rejected: list[tuple[EventT, str]]
-    committed: asyncio.Future
 
-    async def finish(self, retry: WriteRetry, dead_letters: DeadLetters) -> None:
-        try:
-            for event, reason in self.rejected:
-                await dead_letters.send(event, stage="join", reason=reason)
-            await self.outbox.delivered()
-            await self.transaction.commit(retry, self.batch.events)
-        finally:
-            if not self.committed.done():
-                self.committed.set_result(None)
+    async def finish(self, retry: WriteRetry) -> None:
+        await self.outbox.delivered()
+        await self.transaction.commit(retry, self.batch.events)
         self.batch.ack()  # its offsets may commit now: after its outputs and its changelog records
 
 
@@ -352,8 +340,8 @@ class BatchRun:
     the first to the last: the batch after is decided while this one's outputs are on their way,
     so the loop keeps deciding instead of waiting for acks. At most two batches are in flight."""
 
-    def __init__(self, lock: asyncio.Lock, retry: WriteRetry, dead_letters: DeadLetters) -> None:
-        self.lock, self.retry, self.dead_letters = lock, retry, dead_letters
+    def __init__(self, lock: asyncio.Lock, retry: WriteRetry) -> None:
+        self.lock, self.retry = lock, retry
         self.in_flight: InFlight | None = None
         self.started_ms: int | None = None  # while the run holds the lock
 
@@ -366,12 +354,14 @@ class BatchRun:
             await self.lock.acquire()
             self.started_ms = now_ms()
 
+    def base(self) -> JoinTransaction | None:
+        return None if self.in_flight is None else self.in_flight.transaction
 
     async def carry(self, decided: InFlight) -> None:
         """``decided`` is on its way; the batch before it is finished."""
         before, self.in_flight = self.in_flight, decided
         if before is not None:
-            await before.finish(self.retry, self.dead_letters)
+            await before.finish(self.retry)
 
     def due_to_end(self) -> bool:
         return self.started_ms is None or now_ms() - self.started_ms >= RUN_MS
@@ -380,7 +370,7 @@ class BatchRun:
         """Finish the batch in flight; the lock is still held."""
         if self.in_flight is not None:
             decided, self.in_flight = self.in_flight, None
-            await decided.finish(self.retry, self.dead_letters)
+            await decided.finish(self.retry)
 
     def release(self) -> None:
         """End the run. A batch still in flight (the agent raised or was cancelled) is never acked:
@@ -459,12 +449,9 @@ def register(stage: Stage) -> None:
     async def expire() -> None:
         await window.expire(now_ms(), joiner.ttl_ms, progress, on_due, disk.written)
 
-    async def join_batch(batch: Batch, before: InFlight | None) -> InFlight:
-        """Decide ``batch`` on top of ``before`` (still in flight, if any): its outputs start on
-        their way, at once at least once, under exactly-once once ``before`` has committed."""
-        transaction = window.transaction(None if before is None else before.transaction)
-        outbox = stage.outbox(topics.joined, stage="join", after=None if before is None else before.committed)
-        rejected: list[tuple[EventT, str]] = []
+    async def join_batch(batch: Batch, base: JoinTransaction | None) -> InFlight:
+        transaction = window.transaction(base)
+        outbox = stage.outbox(topics.joined, stage="join")
         decided_at = now_ms()
         for event in batch.events:
             message = event.message
@@ -472,7 +459,7 @@ def register(stage: Stage) -> None:
             try:
                 record = decode(event)
             except (wire.WireError, CorruptFrame) as exc:
-                rejected.append((event, str(exc)))
+                await stage.dead_letters.send(event, stage="join", reason=str(exc))
                 continue
             event_ms = event_time_ms(message)
             progress.observe(message.topic, message.partition, wire.run_of(record.id.join_key()), event_ms)
@@ -483,29 +470,29 @@ def register(stage: Stage) -> None:
                 # once, into the output's record batch.
                 await outbox.add(event, cast(bytes, event.key), Pieces(*wire.joined_pieces(joined)))
         outbox.hand_over()
-        return InFlight(batch, transaction, outbox, rejected, asyncio.get_running_loop().create_future())
+        return InFlight(batch, transaction, outbox)
 
     async def run_goes_on(batches: Batches, run: BatchRun, decided: InFlight) -> bool:
         """Whether the next batch is decided on top of ``decided``: nothing needs the lock or the
         window as written (expiry, a rebalance, a full disk), and input for it arrives before
         ``decided``'s outputs are acknowledged (else the run ends: at a trickle, a batch
-        commits as soon as its outputs are acknowledged, as it would alone). Under exactly-once
-        the next batch's outputs wait until ``decided`` has committed."""
-        if run.due_to_end() or app.rebalancing or disk.paused:
+        commits as soon as its outputs are acknowledged, as it would alone). Never under
+        exactly-once: the next batch's outputs would go into ``decided``'s open transactions."""
+        if run.due_to_end() or app.rebalancing or disk.paused or window.commits is not None:
             return False
         return await batches.input_before(decided.outbox.acked())
 
     @app.agent(both_sides, name="join")
     async def join(stream):
         batches = Batches(stream, max_bytes=stage.batch_bytes, max_events=MAX_BATCH_EVENTS, hold_back=hold_back)
-        run = BatchRun(window.lock, disk.written, stage.dead_letters)
+        run = BatchRun(window.lock, disk.written)
         expired_at = 0
         try:
             async for batch in batches:
                 if not run.running:
                     await disk.wait_for_space()
                     await run.start()
-                decided = await join_batch(batch, run.in_flight)
+                decided = await join_batch(batch, run.base())
                 await run.carry(decided)
                 keep_in_step()
                 if await run_goes_on(batches, run, decided):

@@ -22,8 +22,7 @@ position before anything is sent, as ``send`` would.
 
 Under exactly-once the outputs must join the transaction of their input's partition: they go out
 on the loop, in record batches, through that partition's transactional producer
-(:class:`TransactionOutbox`), and a batch decided while the one before commits holds its outputs
-until that commit returns (a producer has one open transaction).
+(:class:`TransactionOutbox`).
 """
 
 from __future__ import annotations
@@ -101,20 +100,15 @@ class OutputThread:
 
 class PartitionTransactionSender:
     """An output thread's ``submit`` on the loop, into the open transaction of one input
-    partition (of one generation) under exactly-once, once ``after`` is done: the batch before
-    has committed, so the transaction open then is this batch's."""
+    partition (of one generation) under exactly-once."""
 
-    def __init__(self, transactions: PartitionTransactions, generation: int | None, partition: int,
-                 after: asyncio.Future | None = None) -> None:
+    def __init__(self, transactions: PartitionTransactions, generation: int | None, partition: int) -> None:
         self.transactions, self.generation, self.partition = transactions, generation, partition
-        self.after = after
 
     def submit(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> asyncio.Future:
         return asyncio.ensure_future(self._send(topic, records))
 
     async def _send(self, topic: str, records: Sequence[tuple[bytes, Value]]) -> list[str | None]:
-        if self.after is not None:
-            await asyncio.shield(self.after)
         producer = self.transactions.producer_in(self.generation, self.partition)
         if producer is None:  # the partition moved: its transaction is aborted, outputs and all
             return [None] * len(records)
@@ -250,14 +244,12 @@ class ThreadOutbox:
 
 class TransactionOutbox:
     """An Outbox under exactly-once: each output in the open transaction of its event's input
-    partition, in chunks handed over as they fill, one ThreadOutbox per partition; none sent
-    before ``after`` is done (the batch decided before this one has committed)."""
+    partition, in chunks handed over as they fill, one ThreadOutbox per partition."""
 
     def __init__(self, topic: faust.TopicT, dead_letters: DeadLetters, stage: str,
-                 transactions: PartitionTransactions, in_flight: OutputsInFlight,
-                 after: asyncio.Future | None = None) -> None:
+                 transactions: PartitionTransactions, in_flight: OutputsInFlight) -> None:
         self.topic, self.dead_letters, self.stage = topic, dead_letters, stage
-        self.transactions, self.in_flight, self.after = transactions, in_flight, after
+        self.transactions, self.in_flight = transactions, in_flight
         self.partitions: dict[tuple[int | None, int], ThreadOutbox] = {}
 
     async def add(self, event: EventT, key: bytes, value: Value) -> None:
@@ -265,7 +257,7 @@ class TransactionOutbox:
         where = (message.generation_id, message.partition)
         outbox = self.partitions.get(where)
         if outbox is None:
-            sender = PartitionTransactionSender(self.transactions, *where, after=self.after)
+            sender = PartitionTransactionSender(self.transactions, *where)
             outbox = self.partitions[where] = ThreadOutbox(self.topic, self.dead_letters, self.stage, sender,
                                                            self.in_flight)
         await outbox.add(event, key, value)

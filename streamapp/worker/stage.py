@@ -81,12 +81,11 @@ class Stage:
             return None
         return self.transactions.add(stage, [topic.get_topic_name() for topic in topics], changelog)
 
-    def outbox(self, topic: faust.TopicT, *, stage: str, after: asyncio.Future | None = None) -> Outbox:
-        """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``;
-        under exactly-once none leaves before ``after`` is done (the batch before has committed)."""
+    def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
+        """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""
         transactions = None if self.transactions is None else self.transactions.of_stage(stage)
         if transactions is not None:
-            return TransactionOutbox(topic, self.dead_letters, stage, transactions, self.outputs_in_flight, after)
+            return TransactionOutbox(topic, self.dead_letters, stage, transactions, self.outputs_in_flight)
         if self.output_thread is None:
             raise ValueError(f"{stage} batches its outputs, but the worker has no output thread")
         return ThreadOutbox(topic, self.dead_letters, stage, self.output_thread, self.outputs_in_flight)
