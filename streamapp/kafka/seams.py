@@ -30,7 +30,7 @@ from typing import Any
 from streamapp.errors import SeamMovedError
 
 # The distributions whose inside the seams reach into, as pip names them; "python" is asyncio's.
-LIBRARIES = ("aiokafka", "faust-streaming", "mode-streaming", "prometheus_client", "python")
+PACKAGES = ("aiokafka", "faust-streaming", "mode-streaming", "prometheus_client", "python")
 
 
 class Moved(Exception):
@@ -40,7 +40,7 @@ class Moved(Exception):
 @dataclasses.dataclass(frozen=True)
 class Seam:
     name: str          # as docs/seams.md heads it
-    library: str       # one of LIBRARIES
+    package: str       # one of PACKAGES
     check: Callable[[], None]  # raises Moved
 
 
@@ -294,7 +294,7 @@ class Result:
     moved: str | None  # what differs; None: the seam holds
 
     def refusal(self) -> SeamMovedError:
-        library = self.seam.library
+        library = self.seam.package
         return SeamMovedError(f"{library} {installed_version(library)} moved under the seam "
                               f"{self.seam.name!r}: {self.moved}")
 
@@ -320,8 +320,8 @@ def require_all() -> None:
 def main() -> int:
     """Each seam's result as JSON (``streamapp check-upgrade`` runs this in its scratch environment)."""
     report = {
-        "versions": {library: installed_version(library) for library in LIBRARIES},
-        "seams": [{"name": result.seam.name, "library": result.seam.library, "moved": result.moved}
+        "versions": {library: installed_version(library) for library in PACKAGES},
+        "seams": [{"name": result.seam.name, "package": result.seam.package, "moved": result.moved}
                   for result in check()],
     }
     json.dump(report, sys.stdout)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from streamapp.errors import ExitCode, StreamappError
-from streamapp.kafka.seams import LIBRARIES
+from streamapp.kafka.seams import PACKAGES
 
 HELP = ("install the newest aiokafka, Faust, mode and prometheus_client in a scratch environment "
         "and report which seams moved")
@@ -74,7 +74,7 @@ def scratch_results(scratch: Path, source: Path) -> dict[str, Any]:
     python = venv / "bin" / "python"
     _run([sys.executable, "-m", "venv", str(venv)], "make the scratch environment")
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    _run([*pip, "--upgrade", *(library for library in LIBRARIES if library != "python")],
+    _run([*pip, "--upgrade", *(library for library in PACKAGES if library != "python")],
          "install the newest releases from PyPI (is PyPI reachable?)")
     # From a copy: pip would leave its build folder in the source.
     _run([*pip, "--no-deps", str(_copy_project(source, scratch / "source"))],
@@ -111,7 +111,7 @@ def report(pinned: dict[str, str], found: dict[str, Any]) -> tuple[str, int]:
     rows = [("library", "pinned", "newest", "seam", "result")]
     moved = 0
     for seam in found["seams"]:
-        library = seam["library"]
+        library = seam["package"]
         moved += seam["moved"] is not None
         result = "ok" if seam["moved"] is None else f"moved: {seam['moved']}"
         rows.append((library, pinned.get(library, "?"), newest.get(library, "?"), seam["name"], result))

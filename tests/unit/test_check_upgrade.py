@@ -9,9 +9,9 @@ from streamapp.tools.upgrade import pinned_versions, report
 FOUND = {
     "versions": {"aiokafka": "0.15.0", "faust-streaming": "0.15.3", "python": "3.11.7"},
     "seams": [
-        {"name": "write: produce requests unjoined", "library": "aiokafka",
+        {"name": "write: produce requests unjoined", "package": "aiokafka",
          "moved": "aiokafka.conn:AIOKafkaConnection.send changed"},
-        {"name": "consumer: fetch loop", "library": "faust-streaming", "moved": None},
+        {"name": "consumer: fetch loop", "package": "faust-streaming", "moved": None},
     ],
 }
 PINNED = {"aiokafka": "0.14.0", "faust-streaming": "0.15.3", "python": "3.11.7"}
@@ -36,5 +36,5 @@ def test_none_moved_says_so():
 
 def test_the_pins_are_the_projects_exact_ones_for_every_library_a_seam_reaches_into():
     pins = pinned_versions()
-    assert {seam.library for seam in seams.SEAMS} <= set(pins)
-    assert all(pins[library] == seams.installed_version(library) for library in seams.LIBRARIES)
+    assert {seam.package for seam in seams.SEAMS} <= set(pins)
+    assert all(pins[library] == seams.installed_version(library) for library in seams.PACKAGES)

@@ -151,7 +151,7 @@ def test_every_seam_holds_on_the_pinned_versions():
 
 def test_every_seam_has_a_test_that_moves_it():
     assert sorted(MOVES) == sorted(seam.name for seam in seams.SEAMS)
-    assert {seam.library for seam in seams.SEAMS} == set(seams.LIBRARIES)
+    assert {seam.package for seam in seams.SEAMS} == set(seams.PACKAGES)
 
 
 @pytest.mark.parametrize("name", sorted(MOVES))
@@ -160,7 +160,7 @@ def test_a_moved_seam_refuses_in_one_line_naming_library_version_and_seam(name, 
     assert [result.seam.name for result in seams.check() if result.moved] == [name]
     with pytest.raises(SeamMovedError) as refused:
         seams.require_all()
-    library = next(seam.library for seam in seams.SEAMS if seam.name == name)
+    library = next(seam.package for seam in seams.SEAMS if seam.name == name)
     line = one_line(refused.value)
     assert str(refused.value) == line
     assert line.startswith(f"{library} {seams.installed_version(library)} moved under the seam {name!r}: ")
