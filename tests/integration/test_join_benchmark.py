@@ -43,7 +43,9 @@ def test_bench_join_runs_every_system_and_writes_its_report(tmp_path):
         assert "error" not in system, system.get("error")
         backlog, (step,) = system["backlog"], system["live"]["steps"]
         assert backlog["pairs_out"] == PAIRS and backlog["pairs_per_s"] > 0 and backlog["peak_rss_bytes"] > 0
-        assert backlog["cpu_s_per_1k_pairs"] > 0
+        # A small backlog may drain mostly before the process reports ready, in under a clock tick
+        # of CPU after it: the process's CPU is read when its start-up shows some.
+        assert backlog["startup_cpu_s"] > 0 and backlog["cpu_s_per_1k_pairs"] >= 0, name
         assert step["pairs"] == 200 and step["latency_s"]["count"] > 0
     for name in {"kstreams", "quix"} & set(systems):
         assert report["systems"][name]["backlog"]["joined_fraction"] == 1.0, name

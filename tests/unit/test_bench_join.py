@@ -132,7 +132,7 @@ def test_a_step_not_sustained_is_tried_again_once_the_system_caught_up():
 def raw_backlog(**changes):
     samples = [{"t": t, "rss_bytes": 100 + t, "cpu_s": t, "pending_bytes": None if t == 0 else 10 * t,
                 "published": 2000, "out": 0} for t in range(5)]
-    return {"pairs": 2000, "published_s": 3.0, "startup_s": 2.0, "drain_s": 4.0, "cpu_s": 3.0,
+    return {"pairs": 2000, "published_s": 3.0, "startup_s": 2.0, "startup_cpu_s": 1.5, "drain_s": 4.0, "cpu_s": 3.0,
             "pairs_out": 2000, "joined": 1990, "frames_out_twice": 0, "counters": {"join_unmatched_frames_total": 10},
             "samples": samples,
             **changes}

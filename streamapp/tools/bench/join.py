@@ -503,6 +503,7 @@ class Bench:
                 await asyncio.sleep(SAMPLE_INTERVAL_S)  # one more sample of the settled state
         return join_report.backlog_summary({
             "pairs": options.pairs, "published_s": round(published_s, 2), "startup_s": ready_at - began,
+            "startup_cpu_s": cpu_at_ready,
             "drain_s": (outputs.last_at or ready_at) - ready_at, "cpu_s": cpu_s, "broker_cpu_s": broker_cpu_s,
             "pairs_out": outputs.pairs,
             "joined": sum(outputs.outcomes.values()), "frames_out_twice": outputs.frames_out_twice,

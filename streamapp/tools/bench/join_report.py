@@ -28,7 +28,7 @@ MIB = 1024**2
 
 
 def backlog_summary(raw: dict, joins: bool) -> dict:
-    """``raw``: pairs, startup_s, drain_s, cpu_s, broker_cpu_s (None: not measured), pairs_out,
+    """``raw``: pairs, startup_s, startup_cpu_s, drain_s, cpu_s, broker_cpu_s (None: not measured), pairs_out,
     joined, counters, samples."""
     pairs, drain_s = raw["pairs"], raw["drain_s"]
     pending = [sample["pending_bytes"] for sample in raw["samples"] if sample["pending_bytes"] is not None]
@@ -36,6 +36,7 @@ def backlog_summary(raw: dict, joins: bool) -> dict:
         "pairs": pairs,
         "published_s": raw["published_s"],
         "startup_s": round(raw["startup_s"], 2),
+        "startup_cpu_s": round(raw["startup_cpu_s"], 2),
         "drain_s": round(drain_s, 2),
         "complete": raw["pairs_out"] >= pairs,
         "pairs_out": raw["pairs_out"],
