@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import errno
 import functools
+import itertools
 import logging
 import os
 import tempfile
@@ -160,17 +161,25 @@ def _disk_bytes(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
+def _all_but_newest(files: collections.deque[tuple[Path, int]]) -> Iterable[tuple[Path, int]]:
+    return itertools.islice(files, max(len(files) - 1, 0))
+
+
 class StreamRetention:
     """The newest ``budget_bytes`` of each stream's files (frames and closed segments, as the
     blocks they take on disk) are kept; past it, the stream's oldest files are deleted, counted.
     Files already on disk at start are taken in the order they were last written.
 
     A disk that fills up before the budgets do is met by :meth:`make_room`: the oldest files go
-    first there too, counted apart, so the sink keeps what its disk holds rather than stopping."""
+    first there too, counted apart, so the sink keeps what its disk holds rather than stopping.
+    Neither deletes a stream's newest file, nor a file ``in_use`` says is still needed (a frame
+    its video has not taken yet: a segment closed to make room is newer than the frames after it)."""
 
-    def __init__(self, out_dir: str | Path, budget_bytes: int) -> None:
+    def __init__(self, out_dir: str | Path, budget_bytes: int, *,
+                 in_use: Callable[[Path], bool] = lambda path: False) -> None:
         self.out_dir = Path(out_dir)
         self.budget_bytes = budget_bytes
+        self._in_use = in_use
         self._files: dict[str, collections.deque[tuple[Path, int]]] = {}
         self._bytes: collections.Counter[str] = collections.Counter()
         self.deleted_files = 0
@@ -191,32 +200,45 @@ class StreamRetention:
 
     @property
     def deletable_bytes(self) -> int:
-        """What :meth:`make_room` can free: every stream's files but its newest."""
-        return sum(self._bytes[stream] - files[-1][1] for stream, files in self._files.items() if files)
+        """What :meth:`make_room` can free: every stream's files but its newest and those in use."""
+        return sum(size for files in self._files.values()
+                   for path, size in _all_but_newest(files) if not self._in_use(path))
 
     def make_room(self, enough: Callable[[], bool]) -> int:
-        """Delete the oldest file of the stream that keeps the most bytes, again and again, until
-        ``enough()`` or every stream is down to its newest file; returns the bytes freed."""
+        """Delete the oldest deletable file of the stream that keeps the most bytes, again and
+        again, until ``enough()`` or no stream has a file left to delete; returns the bytes freed."""
         freed = 0
         while not enough():
-            streams = [stream for stream, files in self._files.items() if len(files) > 1]
-            if not streams:
+            oldest = {stream: position for stream in self._files
+                      if (position := self._oldest_deletable(stream)) is not None}
+            if not oldest:
                 break
-            size = self._delete_oldest(max(streams, key=self._bytes.__getitem__))
+            stream = max(oldest, key=self._bytes.__getitem__)
+            size = self._delete(stream, oldest[stream])
             self.disk_full_deleted_files += 1
             self.disk_full_deleted_bytes += size
             freed += size
         return freed
 
     def _enforce(self, stream: str) -> None:
-        files = self._files[stream]
-        while self._bytes[stream] > self.budget_bytes and len(files) > 1:
-            size = self._delete_oldest(stream)
+        while self._bytes[stream] > self.budget_bytes:
+            position = self._oldest_deletable(stream)
+            if position is None:
+                break
+            size = self._delete(stream, position)
             self.deleted_files += 1
             self.deleted_bytes += size
 
-    def _delete_oldest(self, stream: str) -> int:
-        path, size = self._files[stream].popleft()
+    def _oldest_deletable(self, stream: str) -> int | None:
+        """The position of the stream's oldest file that is neither its newest nor in use."""
+        files = self._files[stream]
+        return next((position for position, (path, _) in enumerate(_all_but_newest(files)) if not self._in_use(path)),
+                    None)
+
+    def _delete(self, stream: str, position: int) -> int:
+        files = self._files[stream]
+        path, size = files[position]
+        del files[position]
         path.unlink(missing_ok=True)
         self._bytes[stream] -= size
         return size
@@ -457,6 +479,13 @@ class VideoAssemblers:
     def finish_all(self) -> list[Path]:
         return self._finish(list(self._active))
 
+    def still_to_take(self, path: Path) -> bool:
+        """Whether ``path`` is a frame file that its run's video has not appended yet."""
+        run = path.parent.parent
+        assembler = self._active.get((run.parent.name, int(run.name))) if run.name.isdigit() else None
+        return (assembler is not None and path.parent.name == "frames" and path.stem.isdigit()
+                and int(path.stem) >= assembler.next_index)
+
     @property
     def open_bytes(self) -> int:
         return sum(assembler.open_bytes for assembler in self._active.values())
@@ -554,7 +583,8 @@ def register(stage: Stage) -> None:
             if out_free() < settings.disk_reserve_bytes:
                 raise DiskFull(errno.ENOSPC, f"under {settings.disk_reserve_bytes} bytes free")
 
-    retention = StreamRetention(settings.out_dir, settings.sink_disk_budget_bytes)
+    retention = StreamRetention(settings.out_dir, settings.sink_disk_budget_bytes,
+                                in_use=lambda path: videos.still_to_take(path))
     files = FrameFileSink(settings.out_dir, quality=settings.jpeg_quality)
     videos = VideoAssemblers(settings.out_dir, fps=FPS,
                              gap_timeout_s=2 * (settings.join_ttl_s + settings.sweep_interval_s),

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from streamapp.settings import Settings
-from streamapp.sinkfiles import frame_path
+from streamapp.sinkfiles import frame_path, last_index, video_segments
 from streamapp.tools.harness import Pipeline, publish_frames, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
@@ -44,9 +44,11 @@ def test_a_sink_on_a_disk_smaller_than_its_budget_makes_room_and_goes_on(kafka_b
         pipeline.stop()
 
     # The disk filled up (it holds about 4 MiB beside the reserve, the frames and video take
-    # more): the sink made room as it went, without a pause; the newest frames are there.
+    # more): the sink made room as it went, without a pause; the newest frames are there, and
+    # the video, finished on stop, goes on to the last frame.
     assert stats["sink_disk_full_pauses_total"] == 0
     assert stats["sink_disk_full_deleted_files_total"] > 0 and stats["sink_disk_full_deleted_bytes_total"] > 0
     assert frame_path(settings.out_dir, ids[-1]).exists()
+    assert last_index(video_segments(settings.out_dir, "cam", ids[-1].epoch)[-1]) == ids[-1].index
     assert not frame_path(settings.out_dir, ids[0]).exists()
     assert shutil.disk_usage(out_disk).free >= 4 * MIB - 1 * MIB

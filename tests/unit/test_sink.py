@@ -25,6 +25,7 @@ from streamapp.sinkfiles import frame_path, video_segments
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 NOW_MS = 1_700_000_000_000
+MIB = 1024**2
 GREY = 90
 
 
@@ -331,7 +332,31 @@ def test_closing_the_open_segments_makes_them_whole_files(tmp_path):
     assert videos.open_bytes == 0
 
 
-MIB = 1024**2
+def test_making_room_while_the_video_finishes_never_deletes_a_frame_it_has_not_taken(tmp_path):
+    """The sink's order on a full disk: close the open segment, then delete the oldest files.
+    The segment just closed is the newest file, so the frames after it, not yet in any video,
+    were next in line; deleting them lost them from both the frames and the video."""
+    sink = FrameFileSink(tmp_path)
+    _write_frames(sink, range(6))
+    full = [False]
+
+    def check_room():
+        if full[0]:
+            full[0] = False
+            videos.close_open_segments()
+            retention.make_room(lambda: False)
+
+    videos = VideoAssemblers(tmp_path, check_room=check_room,
+                             on_segment=lambda path: retention.add("cam", path))
+    retention = StreamRetention(tmp_path, budget_bytes=100 * MIB, in_use=videos.still_to_take)
+    videos.advance(FrameId("cam", 1, 0), limit=3)
+    full[0] = True  # the disk fills up as the run is finished
+    finished = videos.finish_all()
+    levels = _levels_of(video_segments(tmp_path, "cam", 1))
+    assert len(levels) == 6 and levels == sorted(levels)  # every frame went into the video, in order
+    assert [path.name for path in finished] == ["00000003-00000005.avi"]
+    assert retention.disk_full_deleted_files == 3  # frames 0-2, already in the first segment
+
 
 
 def test_a_sink_disk_needs_the_reserve_and_one_segment_as_frames_and_video():
