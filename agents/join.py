@@ -395,15 +395,19 @@ def register(stage: Stage) -> None:
         changelog_config=changelog_config(settings),
         recovery_buffer_size=stage.buffer_records,
     )
-    # Under exactly-once a batch's outputs, changelog records and offsets commit in its
-    # partitions' transactions, as do a sweep's unmatched frames and markers.
-    window.commits = stage.partition_transactions("join", topics.frames, topics.detections,
-                                                  changelog=window.changelog.topic)
     joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
                     marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),
                     latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
     record_limit = max_record_bytes(settings)
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
+    # Under exactly-once a batch's outputs, changelog records and offsets commit in its
+    # partitions' transactions, as do a sweep's unmatched frames and markers; a transaction spans
+    # the batches of a commit interval, its changes held (up to a batch's bytes: under
+    # exactly-once no batch is decided on top of another) until it commits.
+    commits = stage.partition_transactions("join", topics.frames, topics.detections,
+                                           changelog=window.changelog.topic, lock=window.lock)
+    if commits is not None:
+        window.commit_in(commits, disk.written, stage.batch_bytes)
     frames_topic, results_topic = topics.frames.get_topic_name(), topics.detections.get_topic_name()
     progress = ReadProgress(
         frames_topic, results_topic,
@@ -420,6 +424,7 @@ def register(stage: Stage) -> None:
     stage.metrics.add_gauges(in_step.as_metrics)
     stage.metrics.add_gauges(hold_back.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
+    stage.metrics.add_gauges(lambda: window.uncommitted.as_metrics())
     stage.readiness.add("join changelog recovery not failing", lambda: window.store.changelog_health.failing is None)
     both_sides = app.topic(frames_topic, results_topic, key_serializer="raw", value_serializer="raw")
 
@@ -477,7 +482,7 @@ def register(stage: Stage) -> None:
         window as written (expiry, a rebalance, a full disk), and input for it arrives before
         ``decided``'s outputs are acknowledged (else the run ends: at a trickle, a batch
         commits as soon as its outputs are acknowledged, as it would alone). Never under
-        exactly-once: the next batch's outputs would go into ``decided``'s open transactions."""
+        exactly-once, where the open transactions' changes take the second batch's bytes."""
         if run.due_to_end() or app.rebalancing or disk.paused or window.commits is not None:
             return False
         return await batches.input_before(decided.outbox.acked())
@@ -498,6 +503,7 @@ def register(stage: Stage) -> None:
                 if await run_goes_on(batches, run, decided):
                     continue
                 await run.finish()
+                await window.commit_if_due()
                 if (now := now_ms()) - expired_at >= EXPIRE_AFTER_BATCH_MS:
                     expired_at = now
                     await disk.unless_full(expire)

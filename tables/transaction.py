@@ -107,3 +107,51 @@ class PartitionWrites:
         if entry is not None and entry.kind == EntryKind.JOINED and waiting is not None and waiting.kind in OTHER_SIDE:
             self.transaction.pair_met()
         held[key] = entry
+
+
+class Uncommitted:
+    """Under exactly-once, the store changes of the open transactions, by partition: the store
+    takes them only once their transaction has committed (an aborted one leaves nothing behind),
+    and until then every batch and sweep reads through them. Bounded in bytes: past
+    ``max_bytes`` the open transactions commit at once."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.held: dict[int, dict[bytes, bytes | None]] = {}
+        self.bytes = 0
+
+    def add(self, partition: int, changes: Sequence[tuple[bytes, bytes | None]]) -> None:
+        held = self.held.setdefault(partition, {})
+        for key, value in changes:
+            if key in held:
+                self.bytes -= _size(key, held[key])
+            held[key] = value
+            self.bytes += _size(key, value)
+
+    def holds(self, partition: int, key: bytes) -> bool:
+        return key in self.held.get(partition, _NOTHING_ENCODED)
+
+    def changes(self, partition: int) -> list[tuple[bytes, bytes | None]]:
+        return list(self.held.get(partition, _NOTHING_ENCODED).items())
+
+    def full(self) -> bool:
+        return self.bytes >= self.max_bytes
+
+    def forget(self, partition: int) -> None:
+        """``partition``'s changes are stored (or aborted)."""
+        for key, value in self.held.pop(partition, _NOTHING_ENCODED).items():
+            self.bytes -= _size(key, value)
+
+    def clear(self) -> None:
+        self.held.clear()
+        self.bytes = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"join_uncommitted_bytes": self.bytes}
+
+
+_NOTHING_ENCODED: dict[bytes, bytes | None] = {}
+
+
+def _size(key: bytes, value: bytes | None) -> int:
+    return len(key) + (0 if value is None else len(value))
