@@ -383,6 +383,7 @@ class BatchRun:
 def register(stage: Stage) -> None:
     """The Faust side: one agent over frames + detections taking batches, and the sweep timer."""
     from streamapp.tables.disk import DiskGuard
+    from streamapp.tables.transaction import CHANGE_OVERHEAD_BYTES
     from streamapp.tables.window import DueOutcome, JoinWindow
     from streamapp.topics import JOIN_TABLE, changelog_config, max_record_bytes
 
@@ -402,8 +403,8 @@ def register(stage: Stage) -> None:
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
     # Under exactly-once a batch's outputs, changelog records and offsets commit in its
     # partitions' transactions, as do a sweep's unmatched frames and markers; a transaction spans
-    # the batches of a commit interval, its changes held (up to a batch's bytes: under
-    # exactly-once no batch is decided on top of another) until it commits.
+    # the batches of a commit interval, its changes held until it commits, up to a batch's bytes:
+    # under exactly-once no batch is decided on top of another, whose bytes they take.
     commits = stage.partition_transactions("join", topics.frames, topics.detections,
                                            changelog=window.changelog.topic, lock=window.lock)
     if commits is not None:
@@ -497,6 +498,7 @@ def register(stage: Stage) -> None:
                 if not run.running:
                     await disk.wait_for_space()
                     await run.start()
+                await window.make_room(batch.bytes + len(batch.events) * CHANGE_OVERHEAD_BYTES)
                 decided = await join_batch(batch, run.base())
                 await run.carry(decided)
                 keep_in_step()

@@ -28,7 +28,7 @@ from streamapp.tables.changelog import ChangelogWriter
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.memory import RocksMemory
 from streamapp.tables.progress import ReadProgress
-from streamapp.tables.transaction import JoinTransaction, Uncommitted, WriteRetry
+from streamapp.tables.transaction import CHANGE_OVERHEAD_BYTES, JoinTransaction, Uncommitted, WriteRetry
 
 if TYPE_CHECKING:
     from streamapp.tables.store import JoinStore
@@ -78,8 +78,8 @@ class PartitionCommits(Protocol):
     def take_open(self) -> dict[int, dict[TopicPartition, int]]:
         """The open transactions, with their offsets, to commit now."""
 
-    async def commit_if_due(self, *, full: bool = False) -> None:
-        """Commit the open transactions if their interval has passed, or at once when ``full``."""
+    async def commit_if_due(self) -> None:
+        """Commit the open transactions if their interval has passed."""
 
     async def commit_partition(self, generation: int | None, partition: int,
                                offsets: dict[TopicPartition, int] | None = None) -> bool:
@@ -166,9 +166,17 @@ class JoinWindow:
 
     async def commit_if_due(self) -> None:
         """After a batch, under exactly-once: commit the open transactions if their interval has
-        passed or their changes reached the byte bound. Call it holding :attr:`lock`."""
+        passed. Call it holding :attr:`lock`."""
         if self.commits is not None:
-            await self.commits.commit_if_due(full=self.uncommitted.full())
+            await self.commits.commit_if_due()
+
+    async def make_room(self, change_bytes: int) -> None:
+        """Before a batch or a sweep round sends into the open transactions, under exactly-once:
+        commit them first if their changes and ``change_bytes`` more (what it may change, at
+        most) would pass the bound, counted. Call it holding :attr:`lock`."""
+        if self.commits is not None and not self.uncommitted.has_room(change_bytes):
+            self.uncommitted.commits_at_bound += 1
+            await self.commit_open()
 
     async def commit_open(self) -> None:
         """Commit the open transactions, each with its changes' changelog records (the net change
@@ -228,9 +236,17 @@ class JoinWindow:
         if self.commits is not None:
             self.sweep_generation = self.commits.generation
         for number, partition in list(store.active_partitions()):
-            # An entry the open transactions changed is due as they left it, once they commit.
-            while batch := [(key, value) for key, value in due(number, partition)
-                            if not self.uncommitted.holds(number, key)]:
+            while found := due(number, partition):
+                # An entry the open transactions changed is due as they left it, once they commit.
+                batch = [(key, value) for key, value in found if not self.uncommitted.holds(number, key)]
+                if not batch:
+                    if not self.uncommitted.holds_any(number):
+                        break
+                    await self.commit_open()  # a round before this one changed them
+                    if self.uncommitted.holds_any(number):
+                        break  # nothing committed: the partition moved
+                    continue
+                await self.make_room(sum(len(key) + CHANGE_OVERHEAD_BYTES for key, _ in batch))
                 outcomes = [await on_due(key, Entry.decode(value), number) for key, value in batch]
                 await asyncio.gather(*(outcome.delivery for outcome in outcomes if outcome.delivery))
                 if not store.still_owns(number, partition):

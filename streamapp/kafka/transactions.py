@@ -206,10 +206,10 @@ class PartitionTransactions:
     def due(self) -> bool:
         return self.opened_at is not None and time.monotonic() - self.opened_at >= self.interval_s
 
-    async def commit_if_due(self, *, full: bool = False) -> None:
-        """Commit the open transactions if the interval has passed since the first opened, or
-        when ``full`` (what they hold reached its byte bound). Call it holding :attr:`lock`."""
-        if self.opened_at is not None and (full or self.due()):
+    async def commit_if_due(self) -> None:
+        """Commit the open transactions if the interval has passed since the first opened. Call
+        it holding :attr:`lock`."""
+        if self.due():
             await self.commit_open()
 
     async def _commit_when_due(self, generation: int | None) -> None:
