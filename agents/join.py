@@ -37,6 +37,7 @@ from streamapp.recordbatches import Pieces
 from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress, remember_latest
+from streamapp.tables.transaction import CHANGE_OVERHEAD_BYTES
 from streamapp.units import event_bytes
 from streamapp.wire import Detections, Frame, Joined
 
@@ -167,6 +168,11 @@ def check_fits(value: bytes, max_record_bytes: int) -> None:
     if len(value) > limit:
         raise wire.WireError(f"record of {len(value)} bytes does not fit the join window's changelog "
                              f"(at most {limit})")
+
+
+def change_bound(batch: Batch) -> int:
+    """The most the decisions of ``batch`` can change the join window by, in bytes."""
+    return batch.bytes + len(batch.events) * CHANGE_OVERHEAD_BYTES
 
 
 def now_ms() -> int:
@@ -383,7 +389,6 @@ class BatchRun:
 def register(stage: Stage) -> None:
     """The Faust side: one agent over frames + detections taking batches, and the sweep timer."""
     from streamapp.tables.disk import DiskGuard
-    from streamapp.tables.transaction import CHANGE_OVERHEAD_BYTES
     from streamapp.tables.window import DueOutcome, JoinWindow
     from streamapp.topics import JOIN_TABLE, changelog_config, max_record_bytes
 
@@ -403,12 +408,12 @@ def register(stage: Stage) -> None:
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
     # Under exactly-once a batch's outputs, changelog records and offsets commit in its
     # partitions' transactions, as do a sweep's unmatched frames and markers; a transaction spans
-    # the batches of a commit interval, its changes held until it commits, up to a batch's bytes:
-    # under exactly-once no batch is decided on top of another, whose bytes they take.
+    # the batches of a commit interval, its changes held until it commits, in the room of the
+    # two batches a join holds (make_room).
     commits = stage.partition_transactions("join", topics.frames, topics.detections,
                                            changelog=window.changelog.topic, lock=window.lock)
     if commits is not None:
-        window.commit_in(commits, disk.written, stage.batch_bytes)
+        window.commit_in(commits, disk.written, 2 * stage.batch_bytes)
     frames_topic, results_topic = topics.frames.get_topic_name(), topics.detections.get_topic_name()
     progress = ReadProgress(
         frames_topic, results_topic,
@@ -482,11 +487,23 @@ def register(stage: Stage) -> None:
         """Whether the next batch is decided on top of ``decided``: nothing needs the lock or the
         window as written (expiry, a rebalance, a full disk), and input for it arrives before
         ``decided``'s outputs are acknowledged (else the run ends: at a trickle, a batch
-        commits as soon as its outputs are acknowledged, as it would alone). Never under
-        exactly-once, where the open transactions' changes take the second batch's bytes."""
-        if run.due_to_end() or app.rebalancing or disk.paused or window.commits is not None:
+        commits as soon as its outputs are acknowledged, as it would alone). Under exactly-once
+        both go into the same open transactions, so the run ends when they are due to commit."""
+        if run.due_to_end() or app.rebalancing or disk.paused or window.commit_due():
             return False
         return await batches.input_before(decided.outbox.acked())
+
+    async def make_room(run: BatchRun, batch: Batch) -> None:
+        """Under exactly-once the changes of the open transactions share the room of the two
+        batches a join holds with the batches in flight: a batch that does not fit beside the one
+        in flight waits for it to finish, and the open transactions commit first if it does not
+        fit beside their changes."""
+        if window.commits is None:
+            return
+        if run.in_flight is not None and not window.uncommitted.has_room(
+                change_bound(run.in_flight.batch) + change_bound(batch)):
+            await run.finish()
+        await window.make_room(change_bound(batch))
 
     @app.agent(both_sides, name="join")
     async def join(stream):
@@ -498,7 +515,7 @@ def register(stage: Stage) -> None:
                 if not run.running:
                     await disk.wait_for_space()
                     await run.start()
-                await window.make_room(batch.bytes + len(batch.events) * CHANGE_OVERHEAD_BYTES)
+                await make_room(run, batch)
                 decided = await join_batch(batch, run.base())
                 await run.carry(decided)
                 keep_in_step()

@@ -78,6 +78,9 @@ class PartitionCommits(Protocol):
     def take_open(self) -> dict[int, dict[TopicPartition, int]]:
         """The open transactions, with their offsets, to commit now."""
 
+    def due(self) -> bool:
+        """Whether the open transactions' interval has passed."""
+
     async def commit_if_due(self) -> None:
         """Commit the open transactions if their interval has passed."""
 
@@ -163,6 +166,10 @@ class JoinWindow:
             return False
         self.uncommitted.add(partition, changes)
         return True
+
+    def commit_due(self) -> bool:
+        """Under exactly-once, whether the open transactions' interval has passed."""
+        return self.commits is not None and self.commits.due()
 
     async def commit_if_due(self) -> None:
         """After a batch, under exactly-once: commit the open transactions if their interval has
