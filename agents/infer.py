@@ -427,8 +427,8 @@ def register(stage: Stage) -> None:
     @stage.app.agent(stage.topics.scaled, name="infer")
     async def infer(stream):
         async for events in acked_when_done(stream.take_events(stage.settings.infer_batch, within=BATCH_WAIT_S)):
-            await _infer_events(stage, detector, latency, events)
-            await commit(events)
+            async with commit(events):
+                await _infer_events(stage, detector, latency, events)
 
 
 async def _infer_events(stage, detector: Detector, latency, events) -> None:

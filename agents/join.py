@@ -37,6 +37,7 @@ from streamapp.recordbatches import Pieces
 from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress, remember_latest
+from streamapp.tables.transaction import CHANGE_OVERHEAD_BYTES
 from streamapp.units import event_bytes
 from streamapp.wire import Detections, Frame, Joined
 
@@ -167,6 +168,11 @@ def check_fits(value: bytes, max_record_bytes: int) -> None:
     if len(value) > limit:
         raise wire.WireError(f"record of {len(value)} bytes does not fit the join window's changelog "
                              f"(at most {limit})")
+
+
+def change_bound(batch: Batch) -> int:
+    """The most the decisions of ``batch`` can change the join window by, in bytes."""
+    return batch.bytes + len(batch.events) * CHANGE_OVERHEAD_BYTES
 
 
 def now_ms() -> int:
@@ -395,15 +401,19 @@ def register(stage: Stage) -> None:
         changelog_config=changelog_config(settings),
         recovery_buffer_size=stage.buffer_records,
     )
-    # Under exactly-once a batch's outputs, changelog records and offsets commit in its
-    # partitions' transactions, as do a sweep's unmatched frames and markers.
-    window.commits = stage.partition_transactions("join", topics.frames, topics.detections,
-                                                  changelog=window.changelog.topic)
     joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
                     marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),
                     latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
     record_limit = max_record_bytes(settings)
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
+    # Under exactly-once a batch's outputs, changelog records and offsets commit in its
+    # partitions' transactions, as do a sweep's unmatched frames and markers; a transaction spans
+    # the batches of a commit interval, its changes held until it commits, in the room of the
+    # two batches a join holds (make_room).
+    commits = stage.partition_transactions("join", topics.frames, topics.detections,
+                                           changelog=window.changelog.topic, lock=window.lock)
+    if commits is not None:
+        window.commit_in(commits, disk.written, 2 * stage.batch_bytes)
     frames_topic, results_topic = topics.frames.get_topic_name(), topics.detections.get_topic_name()
     progress = ReadProgress(
         frames_topic, results_topic,
@@ -420,6 +430,7 @@ def register(stage: Stage) -> None:
     stage.metrics.add_gauges(in_step.as_metrics)
     stage.metrics.add_gauges(hold_back.as_metrics)
     stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
+    stage.metrics.add_gauges(lambda: window.uncommitted.as_metrics())
     stage.readiness.add("join changelog recovery not failing", lambda: window.store.changelog_health.failing is None)
     both_sides = app.topic(frames_topic, results_topic, key_serializer="raw", value_serializer="raw")
 
@@ -476,11 +487,23 @@ def register(stage: Stage) -> None:
         """Whether the next batch is decided on top of ``decided``: nothing needs the lock or the
         window as written (expiry, a rebalance, a full disk), and input for it arrives before
         ``decided``'s outputs are acknowledged (else the run ends: at a trickle, a batch
-        commits as soon as its outputs are acknowledged, as it would alone). Never under
-        exactly-once: the next batch's outputs would go into ``decided``'s open transactions."""
-        if run.due_to_end() or app.rebalancing or disk.paused or window.commits is not None:
+        commits as soon as its outputs are acknowledged, as it would alone). Under exactly-once
+        both go into the same open transactions, so the run ends when they are due to commit."""
+        if run.due_to_end() or app.rebalancing or disk.paused or window.commit_due():
             return False
         return await batches.input_before(decided.outbox.acked())
+
+    async def make_room(run: BatchRun, batch: Batch) -> None:
+        """Under exactly-once the changes of the open transactions share the room of the two
+        batches a join holds with the batches in flight: a batch that does not fit beside the one
+        in flight waits for it to finish, and the open transactions commit first if it does not
+        fit beside their changes."""
+        if window.commits is None:
+            return
+        if run.in_flight is not None and not window.uncommitted.has_room(
+                change_bound(run.in_flight.batch) + change_bound(batch)):
+            await run.finish()
+        await window.make_room(change_bound(batch))
 
     @app.agent(both_sides, name="join")
     async def join(stream):
@@ -492,12 +515,14 @@ def register(stage: Stage) -> None:
                 if not run.running:
                     await disk.wait_for_space()
                     await run.start()
+                await make_room(run, batch)
                 decided = await join_batch(batch, run.base())
                 await run.carry(decided)
                 keep_in_step()
                 if await run_goes_on(batches, run, decided):
                     continue
                 await run.finish()
+                await window.commit_if_due()
                 if (now := now_ms()) - expired_at >= EXPIRE_AFTER_BATCH_MS:
                     expired_at = now
                     await disk.unless_full(expire)

@@ -52,9 +52,9 @@ def register(stage: Stage) -> None:
     @stage.app.agent(topics.frames, name="resize")
     async def resize(stream):
         async for events in acked_when_done(stream.take_events(BATCH_FRAMES, within=BATCH_WAIT_S)):
-            for event in events:
-                await _resize_event(stage, event)
-            await commit(events)
+            async with commit(events):
+                for event in events:
+                    await _resize_event(stage, event)
 
 
 async def _resize_event(stage: Stage, event) -> None:

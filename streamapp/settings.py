@@ -37,6 +37,9 @@ _TOKEN = re.compile(r"[!-~]*")
 AT_LEAST_ONCE = "at_least_once"
 EXACTLY_ONCE = "exactly_once"
 PROCESSING_GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)
+# The transactional producers' transaction.timeout.ms (aiokafka's default): an open transaction
+# older than this is aborted by the broker.
+TRANSACTION_TIMEOUT_S = 60.0
 # A worker's log lines: Faust's text, or one JSON object per line (streamapp.worker.logs).
 LOG_FORMATS = ("text", "json")
 
@@ -289,6 +292,8 @@ class Settings:
     # Most frames the infer stage hands its detector at once when frames are waiting.
     infer_batch: int = 4
     processing_guarantee: str = AT_LEAST_ONCE
+    # Under exactly-once, how long a partition's transaction spans batches before it commits.
+    transaction_interval_s: float = 0.1
     # Copies of every topic partition, changelogs included: 3 on a three-broker cluster.
     replication_factor: int = 1
     # Static consumer-group membership: a worker restarted within the session timeout takes its
@@ -347,6 +352,9 @@ class Settings:
         _require(1 <= self.infer_batch <= 64, "STREAMAPP_INFER_BATCH must be 1..64")
         _require(self.processing_guarantee in PROCESSING_GUARANTEES,
                  f"STREAMAPP_PROCESSING_GUARANTEE must be one of {', '.join(PROCESSING_GUARANTEES)}")
+        _require(self.transaction_interval_s < TRANSACTION_TIMEOUT_S,
+                 f"STREAMAPP_TRANSACTION_INTERVAL must be shorter than the transaction timeout "
+                 f"({TRANSACTION_TIMEOUT_S:g}s), e.g. 100ms; 0ms commits every batch")
         _require(self.log_format in LOG_FORMATS, f"STREAMAPP_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
 
     def check_worker(self) -> None:
@@ -532,6 +540,7 @@ _ENV = {
     "infer_batch": ("STREAMAPP_INFER_BATCH", _int),
     "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
     "processing_guarantee": ("STREAMAPP_PROCESSING_GUARANTEE", _text),
+    "transaction_interval_s": ("STREAMAPP_TRANSACTION_INTERVAL", _duration),
     "replication_factor": ("STREAMAPP_REPLICATION_FACTOR", _int),
     "static_membership": ("STREAMAPP_STATIC_MEMBERSHIP", _bool),
     "preview_bytes": ("STREAMAPP_PREVIEW_BYTES", _size),

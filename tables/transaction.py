@@ -20,7 +20,7 @@ from typing import Protocol
 from aiokafka import TopicPartition
 from faust.types import EventT
 
-from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
+from streamapp.tables.entry import HEADER_BYTES, OTHER_SIDE, Entry, EntryKind
 
 # Runs a store write until the disk takes it (DiskGuard.written): a full disk, or RocksDB refusing
 # writes while its flushes catch up.
@@ -107,3 +107,62 @@ class PartitionWrites:
         if entry is not None and entry.kind == EntryKind.JOINED and waiting is not None and waiting.kind in OTHER_SIDE:
             self.transaction.pair_met()
         held[key] = entry
+
+
+class Uncommitted:
+    """Under exactly-once, the store changes of the open transactions, by partition: the store
+    takes them only once their transaction has committed (an aborted one leaves nothing behind),
+    and until then every batch and sweep reads through them. Bounded in bytes: before a batch
+    or a sweep round whose changes could pass ``max_bytes``, the open transactions commit
+    (:meth:`JoinWindow.make_room`), and :attr:`commits_at_bound` counts it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.held: dict[int, dict[bytes, bytes | None]] = {}
+        self.bytes = 0
+        self.commits_at_bound = 0
+
+    def add(self, partition: int, changes: Sequence[tuple[bytes, bytes | None]]) -> None:
+        held = self.held.setdefault(partition, {})
+        for key, value in changes:
+            if key in held:
+                self.bytes -= _size(key, held[key])
+            held[key] = value
+            self.bytes += _size(key, value)
+
+    def holds(self, partition: int, key: bytes) -> bool:
+        return key in self.held.get(partition, _NOTHING_ENCODED)
+
+    def holds_any(self, partition: int) -> bool:
+        return bool(self.held.get(partition))
+
+    def changes(self, partition: int) -> list[tuple[bytes, bytes | None]]:
+        return list(self.held.get(partition, _NOTHING_ENCODED).items())
+
+    def has_room(self, change_bytes: int) -> bool:
+        """Whether ``change_bytes`` more stay within the bound (nothing held always has room)."""
+        return self.bytes == 0 or self.bytes + change_bytes <= self.max_bytes
+
+    def forget(self, partition: int) -> None:
+        """``partition``'s changes are stored (or aborted)."""
+        for key, value in self.held.pop(partition, _NOTHING_ENCODED).items():
+            self.bytes -= _size(key, value)
+
+    def clear(self) -> None:
+        self.held.clear()
+        self.bytes = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"join_uncommitted_bytes": self.bytes,
+                "join_uncommitted_commits_at_bound_total": self.commits_at_bound}
+
+
+# What an entry change adds to the bytes of the input it comes from, at most: the entry header,
+# and the digits by which a join key (its frame index) is longer than the Kafka (bucket) key.
+CHANGE_OVERHEAD_BYTES = HEADER_BYTES + 20
+
+_NOTHING_ENCODED: dict[bytes, bytes | None] = {}
+
+
+def _size(key: bytes, value: bytes | None) -> int:
+    return len(key) + (0 if value is None else len(value))

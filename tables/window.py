@@ -28,7 +28,7 @@ from streamapp.tables.changelog import ChangelogWriter
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tables.memory import RocksMemory
 from streamapp.tables.progress import ReadProgress
-from streamapp.tables.transaction import JoinTransaction, WriteRetry
+from streamapp.tables.transaction import CHANGE_OVERHEAD_BYTES, JoinTransaction, Uncommitted, WriteRetry
 
 if TYPE_CHECKING:
     from streamapp.tables.store import JoinStore
@@ -58,9 +58,12 @@ DueHandler = Callable[[bytes, Entry, int], Awaitable[DueOutcome]]
 
 class PartitionCommits(Protocol):
     """Under exactly-once, the transactions of the join's input partitions
-    (streamapp.kafka.transactions): one open transaction per partition, per generation."""
+    (streamapp.kafka.transactions): one open transaction per partition, per generation, spanning
+    the batches of a commit interval."""
 
     generation: int | None
+    commit_open: Callable[[], Awaitable[None]]
+    on_abort: Callable[[], None]
 
     def producer_in(self, generation: int | None, partition: int) -> Any:
         """The transactional producer of ``partition``, None unless ``generation`` is current."""
@@ -68,18 +71,31 @@ class PartitionCommits(Protocol):
     def sender_in(self, generation: int | None, partition: int) -> Any:
         """``partition``'s open transaction behind Faust's producer ``send``."""
 
+    def add(self, generation: int | None, partition: int, offsets: Mapping[TopicPartition, int] | None) -> bool:
+        """``partition``'s open transaction holds changes, and commits ``offsets``; False if
+        ``generation`` is past."""
+
+    def take_open(self) -> dict[int, dict[TopicPartition, int]]:
+        """The open transactions, with their offsets, to commit now."""
+
+    def due(self) -> bool:
+        """Whether the open transactions' interval has passed."""
+
+    async def commit_if_due(self) -> None:
+        """Commit the open transactions if their interval has passed."""
+
     async def commit_partition(self, generation: int | None, partition: int,
                                offsets: dict[TopicPartition, int] | None = None) -> bool:
         """Commit ``partition``'s transaction (with ``offsets``); False if ``generation`` is past."""
 
 
-
 class JoinWindow:
     """Entries keyed by join key, each living until its partner cannot come, durable through the changelog."""
 
-    # Under exactly-once (the join sets it); None at least once.
+    # Under exactly-once (commit_in); None at least once.
     commits: PartitionCommits | None = None
     sweep_generation: int | None = None  # the generation a sweep began in, under exactly-once
+    retry: WriteRetry | None = None  # how the store takes what committed, under exactly-once
 
     def __init__(
         self,
@@ -107,6 +123,13 @@ class JoinWindow:
         self.changelog = ChangelogWriter(self.table)
         # Pairs whose two sides met inside one batch: neither was written with its payload.
         self.pairs_completed_in_batch = 0
+        self.uncommitted = Uncommitted(0)
+
+    def commit_in(self, commits: PartitionCommits, retry: WriteRetry, max_bytes: int) -> None:
+        """Under exactly-once: changes go into the open transactions of ``commits``, held up to
+        ``max_bytes`` until they commit, then stored through ``retry``."""
+        self.commits, self.retry, self.uncommitted = commits, retry, Uncommitted(max_bytes)
+        commits.commit_open, commits.on_abort = self.commit_open, self.uncommitted.clear
 
     @property
     def store(self) -> JoinStore:
@@ -114,7 +137,9 @@ class JoinWindow:
         return cast("JoinStore", self.table.data)
 
     def get(self, partition: int, key: bytes) -> Entry | None:
-        value = self.store.partition(partition).get(key)
+        """The entry as the open transactions left it (under exactly-once), else as stored."""
+        held = self.uncommitted.held.get(partition)
+        value = held[key] if held is not None and key in held else self.store.partition(partition).get(key)
         return None if value is None else Entry.decode(value)
 
     def transaction(self, base: JoinTransaction | None = None) -> JoinTransaction:
@@ -129,25 +154,56 @@ class JoinWindow:
                     generation: int | None = None, offsets: dict[TopicPartition, int] | None = None) -> bool:
         """Store ``changes`` in one atomic batch through ``retry``, then send their changelog records.
 
-        Under exactly-once the records go first, into ``partition``'s transaction (which holds
-        the outputs that imply them), and commit with ``offsets``; only then does the store take
-        the changes, so it never holds what an aborted transaction took back (a killed worker's
-        store lacks at most the last commit, which recovery reads from the changelog). False,
-        and nothing written, when ``generation`` is past: the partition moved meanwhile."""
+        Under exactly-once they join ``partition``'s open transaction (which holds the outputs
+        that imply them, and commits with ``offsets``), held in :attr:`uncommitted` until it
+        commits (:meth:`commit_open`). False, and nothing written, when ``generation`` is past:
+        the partition moved meanwhile."""
         if self.commits is None:
             await retry(functools.partial(self.store.write_many, partition, changes))
             await self.changelog.send(partition, changes)
             return True
-        producer = self.commits.producer_in(generation, partition)
-        if producer is None:
+        if not self.commits.add(generation, partition, offsets):
             return False
-        deliveries = await self.changelog.send_in_transaction(producer, partition, changes)
-        if not await self.commits.commit_partition(generation, partition, offsets):
-            return False
-        if changes:
-            await retry(functools.partial(self.store.write_many, partition, changes))
-            self.changelog.persisted(partition, deliveries)
+        self.uncommitted.add(partition, changes)
         return True
+
+    def commit_due(self) -> bool:
+        """Under exactly-once, whether the open transactions' interval has passed."""
+        return self.commits is not None and self.commits.due()
+
+    async def commit_if_due(self) -> None:
+        """After a batch, under exactly-once: commit the open transactions if their interval has
+        passed. Call it holding :attr:`lock`."""
+        if self.commits is not None:
+            await self.commits.commit_if_due()
+
+    async def make_room(self, change_bytes: int) -> None:
+        """Before a batch or a sweep round sends into the open transactions, under exactly-once:
+        commit them first if their changes and ``change_bytes`` more (what it may change, at
+        most) would pass the bound, counted. Call it holding :attr:`lock`."""
+        if self.commits is not None and not self.uncommitted.has_room(change_bytes):
+            self.uncommitted.commits_at_bound += 1
+            await self.commit_open()
+
+    async def commit_open(self) -> None:
+        """Commit the open transactions, each with its changes' changelog records (the net change
+        of its interval) and its offsets; only then does the store take the changes, so it never
+        holds what an aborted transaction took back (a killed worker's store lacks at most the
+        last commit, which recovery reads from the changelog). Call it holding :attr:`lock`."""
+        commits, retry = cast(PartitionCommits, self.commits), cast(WriteRetry, self.retry)
+        generation = commits.generation
+
+        async def commit(partition: int, offsets: dict[TopicPartition, int]) -> None:
+            producer, changes = commits.producer_in(generation, partition), self.uncommitted.changes(partition)
+            if producer is None:
+                return
+            deliveries = await self.changelog.send_in_transaction(producer, partition, changes)
+            if await commits.commit_partition(generation, partition, offsets) and changes:
+                await retry(functools.partial(self.store.write_many, partition, changes))
+                self.changelog.persisted(partition, deliveries)
+            self.uncommitted.forget(partition)
+
+        await asyncio.gather(*(commit(partition, offsets) for partition, offsets in commits.take_open().items()))
 
     def output_sender(self, partition: int, producer: Any) -> Any:
         """Where an expiry sends what it emits for ``partition``: ``producer`` (Faust's) at least
@@ -187,7 +243,17 @@ class JoinWindow:
         if self.commits is not None:
             self.sweep_generation = self.commits.generation
         for number, partition in list(store.active_partitions()):
-            while batch := due(number, partition):
+            while found := due(number, partition):
+                # An entry the open transactions changed is due as they left it, once they commit.
+                batch = [(key, value) for key, value in found if not self.uncommitted.holds(number, key)]
+                if not batch:
+                    if not self.uncommitted.holds_any(number):
+                        break
+                    await self.commit_open()  # a round before this one changed them
+                    if self.uncommitted.holds_any(number):
+                        break  # nothing committed: the partition moved
+                    continue
+                await self.make_room(sum(len(key) + CHANGE_OVERHEAD_BYTES for key, _ in batch))
                 outcomes = [await on_due(key, Entry.decode(value), number) for key, value in batch]
                 await asyncio.gather(*(outcome.delivery for outcome in outcomes if outcome.delivery))
                 if not store.still_owns(number, partition):

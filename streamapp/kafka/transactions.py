@@ -29,16 +29,25 @@ transaction before it was aborted (a killed worker's, aborted by this producer's
 initialisation): else the recovery would wait for a record it never reads, 10 s before Faust
 gives up on it.
 
-A batch may hold several partitions' events; each partition commits its own transaction, so a
-partition's outputs and offsets are atomic, and a failed commit stops the worker (its
-partitions are read again from their committed offsets by whoever owns them next).
+A partition's transaction spans the batches of one commit interval
+(``STREAMAPP_TRANSACTION_INTERVAL``, as Kafka Streams' ``commit.interval.ms``): a batch adds its
+offsets to the open transactions of its partitions (:meth:`PartitionTransactions.batch`), and
+they commit, with the highest offsets of each, once the interval has passed since the first of
+them opened: after the batch that finds it due, or from a timer when no batch comes. The round
+trips of a commit (``AddOffsetsToTxn``, ``TxnOffsetCommit``, ``EndTxn`` per partition) are paid
+once per interval, not per batch; 0 commits every batch. Each partition commits its own
+transaction, so a partition's outputs and offsets are atomic, and a failed commit stops the
+worker (its partitions are read again from their committed offsets by whoever owns them next).
+A rebalance or a stop aborts the open transactions: what they held is read again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -93,7 +102,8 @@ STALE = StaleSender()
 class PartitionTransactions:
     """One stage's transactional producers, one per input partition of the current generation."""
 
-    def __init__(self, app: AppT, stage: str, topics: Sequence[str], changelog: str | None = None) -> None:
+    def __init__(self, app: AppT, stage: str, topics: Sequence[str], changelog: str | None = None, *,
+                 interval_s: float = 0.0, lock: asyncio.Lock | None = None) -> None:
         self.app, self.stage, self.topics, self.changelog = app, stage, frozenset(topics), changelog
         self.group_id = app.conf.id
         self.producers: dict[int, AIOKafkaProducer] = {}
@@ -101,6 +111,18 @@ class PartitionTransactions:
         self.generation: int | None = None
         self.committing: set[asyncio.Future] = set()  # commits in flight, which a restart waits for
         self.commits = 0
+        self.interval_s = interval_s
+        # Held by whoever sends into the open transactions (a batch, a sweep) or commits them.
+        self.lock = lock or asyncio.Lock()
+        # The partitions whose transactions are open (something was sent or is to commit), with
+        # the input offsets they commit; since when the first of them is open (monotonic).
+        self.open: dict[int, dict[TopicPartition, int]] = {}
+        self.opened_at: float | None = None
+        # Commits every open transaction; a stage with state to write after the commit replaces it.
+        self.commit_open: Callable[[], Awaitable[None]] = self.commit_all
+        # Forgets what the open transactions held, once they are aborted (a rebalance, a stop).
+        self.on_abort: Callable[[], None] = lambda: None
+        self.timer: asyncio.Future | None = None
 
     def transactional_id(self, partition: int) -> str:
         return f"{self.group_id}-{self.stage}-{partition}"
@@ -150,18 +172,68 @@ class PartitionTransactions:
             await producer.begin_transaction()
         return producer
 
-    async def commit(self, events: Iterable[EventT]) -> None:
-        """Commit the open transaction of each partition of ``events`` with its offsets past the
-        last of them, and begin the next. Events of an older generation commit nothing."""
-        ends: dict[int, dict[TopicPartition, int]] = {}
+    @contextlib.asynccontextmanager
+    async def batch(self, events: Sequence[EventT]) -> AsyncIterator[None]:
+        """Hold the open transactions while a batch of ``events`` sends its outputs into them;
+        then add the events' offsets, and commit if the interval has passed."""
+        async with self.lock:
+            yield
+            self.add_events(events)
+            await self.commit_if_due()
+
+    def add_events(self, events: Iterable[EventT]) -> None:
+        """Add the offsets past ``events`` to the open transactions of their partitions; events
+        of an older generation add nothing (their transactions are aborted)."""
         for event in events:
             message = event.message
-            if message.generation_id == self.generation:
-                offsets = ends.setdefault(message.partition, {})
-                tp = TopicPartition(message.topic, message.partition)
-                offsets[tp] = max(offsets.get(tp, 0), message.offset + 1)
-        await asyncio.gather(*(self.commit_partition(self.generation, partition, offsets)
-                               for partition, offsets in ends.items()))
+            tp = TopicPartition(message.topic, message.partition)
+            self.add(message.generation_id, message.partition, {tp: message.offset + 1})
+
+    def add(self, generation: int | None, partition: int, offsets: Mapping[TopicPartition, int] | None) -> bool:
+        """``partition``'s transaction holds something to commit, and commits ``offsets`` (if any)
+        too; False if ``generation`` is no longer the current one."""
+        if generation != self.generation or partition not in self.producers:
+            return False
+        ends = self.open.setdefault(partition, {})
+        for tp, offset in (offsets or {}).items():
+            ends[tp] = max(ends.get(tp, 0), offset)
+        if self.opened_at is None:
+            self.opened_at = time.monotonic()
+            if self.timer is None or self.timer.done():
+                self.timer = asyncio.ensure_future(self._commit_when_due(self.generation))
+        return True
+
+    def due(self) -> bool:
+        return self.opened_at is not None and time.monotonic() - self.opened_at >= self.interval_s
+
+    async def commit_if_due(self) -> None:
+        """Commit the open transactions if the interval has passed since the first opened. Call
+        it holding :attr:`lock`."""
+        if self.due():
+            await self.commit_open()
+
+    async def _commit_when_due(self, generation: int | None) -> None:
+        """Commit once the interval has passed, when no batch came to do it."""
+        while self.opened_at is not None and self.generation == generation:
+            await asyncio.sleep(max(0.0, self.opened_at + self.interval_s - time.monotonic()))
+            async with self.lock:
+                if self.generation != generation:
+                    return
+                try:
+                    await self.commit_if_due()
+                except KafkaError:
+                    return  # logged, and the worker stopped, by commit_partition
+
+    def take_open(self) -> dict[int, dict[TopicPartition, int]]:
+        """The open transactions and their offsets, which the caller commits now."""
+        taken, self.open, self.opened_at = self.open, {}, None
+        return taken
+
+    async def commit_all(self) -> None:
+        """Commit each open transaction with its offsets, all at once, and begin the next."""
+        generation = self.generation
+        await asyncio.gather(*(self.commit_partition(generation, partition, offsets)
+                               for partition, offsets in self.take_open().items()))
 
     async def commit_partition(self, generation: int | None, partition: int,
                                offsets: dict[TopicPartition, int] | None = None) -> bool:
@@ -193,9 +265,14 @@ class PartitionTransactions:
         await producer.begin_transaction()
 
     async def stop(self) -> None:
-        """Stop the producers, once the commits in flight are done; none starts from here on."""
+        """Stop the producers, once the commits in flight are done; none starts from here on.
+        Their open transactions are aborted, and what they held forgotten."""
         producers, self.producers, self.senders = list(self.producers.values()), {}, {}
         self.generation = None
+        self.take_open()
+        self.on_abort()
+        if self.timer is not None:
+            self.timer.cancel()
         await asyncio.gather(*self.committing, return_exceptions=True)
         await asyncio.gather(*(_stop(producer) for producer in producers))
 
@@ -213,12 +290,14 @@ class Transactions:
     consumer commits none of those itself). No two stages of a worker read the same topic under
     exactly-once (streamapp.settings refuses resize beside join)."""
 
-    def __init__(self, app: AppT) -> None:
-        self.app = app
+    def __init__(self, app: AppT, interval_s: float) -> None:
+        self.app, self.interval_s = app, interval_s
         self.stages: list[PartitionTransactions] = []
 
-    def add(self, stage: str, topics: Sequence[str], changelog: str | None = None) -> PartitionTransactions:
-        transactions = PartitionTransactions(self.app, stage, topics, changelog)
+    def add(self, stage: str, topics: Sequence[str], changelog: str | None = None, *,
+            lock: asyncio.Lock | None = None) -> PartitionTransactions:
+        transactions = PartitionTransactions(self.app, stage, topics, changelog, interval_s=self.interval_s,
+                                             lock=lock)
         self.stages.append(transactions)
         return transactions
 

@@ -171,7 +171,8 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     app.memory_plan = plan
     app.dropped = OverloadCounts()
     app.stream_buffers = []
-    app.transactions = Transactions(app) if settings.processing_guarantee == EXACTLY_ONCE else None
+    exactly_once = settings.processing_guarantee == EXACTLY_ONCE
+    app.transactions = Transactions(app, settings.transaction_interval_s) if exactly_once else None
     metrics = Metrics()
     app.monitor = faust_monitor(metrics.registry)
     metrics.add_gauges(app.budget_gauges)

@@ -63,7 +63,9 @@ HELP: dict[str, str] = {
     "outputs_in_flight_bytes": "Bytes of those outputs.",
     "outputs_acked_total": "Joined frames of the join's batches the broker acknowledged.",
     "transactions_committed_total":
-        "Kafka transactions committed under exactly-once: one per input partition of a batch or a sweep.",
+        "Kafka transactions committed under exactly-once: one per open input partition per commit interval.",
+    "join_uncommitted_bytes": "Bytes of join window changes held in open transactions until they commit.",
+    "join_uncommitted_commits_at_bound_total": "Open transactions committed early, at their byte bound.",
     "join_pairs_completed_in_batch_total": "Pairs whose two sides met in one batch: their payloads never stored.",
     "join_pending_bytes": "Bytes of the frames and results waiting for their other side.",
     "join_oldest_pending_age_seconds": "How long the oldest waiting frame or result has waited.",

@@ -7,8 +7,9 @@ Importing this module builds nothing: the app factory (streamapp.worker.factory)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -65,21 +66,23 @@ class Stage:
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)
 
-    def batch_commit(self, stage: str, *topics: faust.TopicT) -> Callable[[Sequence[EventT]], Awaitable[None]]:
-        """What ``stage`` calls once a batch of events of ``topics`` has sent its outputs: under
-        exactly-once it commits them and the events' offsets in the transaction of each input
-        partition; at least once it does nothing (Faust commits the offsets of acked events after
-        flushing its producer)."""
+    def batch_commit(self, stage: str, *topics: faust.TopicT
+                     ) -> Callable[[Sequence[EventT]], contextlib.AbstractAsyncContextManager[None]]:
+        """What ``stage`` handles a batch of events of ``topics`` in: under exactly-once their
+        outputs go into the open transaction of each input partition, which commits the events'
+        offsets with them once the commit interval has passed; at least once it does nothing
+        (Faust commits the offsets of acked events after flushing its producer)."""
         transactions = self.partition_transactions(stage, *topics)
-        return _nothing_to_commit if transactions is None else transactions.commit
+        return _nothing_to_commit if transactions is None else transactions.batch
 
-    def partition_transactions(self, stage: str, *topics: faust.TopicT,
-                               changelog: str | None = None) -> PartitionTransactions | None:
+    def partition_transactions(self, stage: str, *topics: faust.TopicT, changelog: str | None = None,
+                               lock: asyncio.Lock | None = None) -> PartitionTransactions | None:
         """Under exactly-once, the transactions of ``stage``'s input partitions of ``topics``
-        (and of its ``changelog``'s partitions, one for one); None at least once."""
+        (and of its ``changelog``'s partitions, one for one), sent into and committed holding
+        ``lock``; None at least once."""
         if self.transactions is None:
             return None
-        return self.transactions.add(stage, [topic.get_topic_name() for topic in topics], changelog)
+        return self.transactions.add(stage, [topic.get_topic_name() for topic in topics], changelog, lock=lock)
 
     def outbox(self, topic: faust.TopicT, *, stage: str) -> Outbox:
         """Where one batch's outputs to ``topic`` go, each the output of one event of ``stage``."""
@@ -99,5 +102,6 @@ class Stage:
         preview.register(self, frames)
 
 
-async def _nothing_to_commit(events: Sequence[EventT]) -> None:
+def _nothing_to_commit(events: Sequence[EventT]) -> contextlib.AbstractAsyncContextManager[None]:
     """At least once, Faust commits."""
+    return contextlib.nullcontext()
