@@ -246,10 +246,8 @@ class JoinWindow:
             while found := due(number, partition):
                 # An entry the open transactions changed is due as they left it, once they commit.
                 batch = [(key, value) for key, value in found if not self.uncommitted.holds(number, key)]
-                if not batch:
-                    if not self.uncommitted.holds_any(number):
-                        break
-                    await self.commit_open()  # a round before this one changed them
+                if not batch:  # every entry found is held: a round before this one changed them
+                    await self.commit_open()
                     if self.uncommitted.holds_any(number):
                         break  # nothing committed: the partition moved
                     continue
