@@ -3,6 +3,8 @@ the backlog summary, the report, its markdown and chart, and how outputs are cou
 
 from __future__ import annotations
 
+import asyncio
+
 import cv2
 import pytest
 
@@ -10,6 +12,7 @@ from streamapp.tools.bench import quixjoin
 from streamapp.tools.bench.join import Bench, JoinBenchOptions, Outputs, parse_join_key
 from streamapp.tools.bench.join_report import (
     backlog_summary,
+    balanced_drains,
     balanced_tls,
     build_report,
     describe_machine,
@@ -34,6 +37,7 @@ from streamapp.tools.cli import main
     (["--backlog-rate", "0"], "expected a steady rate above 0"),
     (["--systems", "flink"], "invalid choice: 'flink'"),
     (["--streams", "0"], "expected at least 1"),
+    (["--drain-rounds", "-1"], "expected at least 0, got -1"),
 ])
 def test_bad_arguments_are_one_usage_error_before_a_broker_starts(capsys, argv, reason):
     assert main(["bench", "join", *argv]) == 2
@@ -242,6 +246,56 @@ def test_the_tls_ratio_is_the_geometric_mean_of_neighbouring_pairs_cancelling_a_
     found = ratios({}, tls)
     assert (found["tls_backlog_vs_plaintext"], found["tls_cpu_per_pair_vs_plaintext"]) == (0.8, 1.5)
     assert ratios({})["tls_backlog_vs_plaintext"] is None
+
+
+def test_every_system_drains_in_passes_that_alternate_the_order():
+    bench = Bench.__new__(Bench)
+    order: list[str] = []
+
+    async def backlog(system, phase: str) -> dict:
+        order.append(f"{system.name}:{phase}")
+        return {"pairs_per_s": 1.0}
+
+    bench.backlog = backlog
+    systems = [type("System", (), {"name": name})() for name in ("copy", "kstreams", "streamapp")]
+    drains = asyncio.run(bench.balanced_drains(systems, 2, "drain"))
+    assert order == ["copy:drain-1", "kstreams:drain-2", "streamapp:drain-3", "streamapp:drain-4",
+                     "kstreams:drain-5", "copy:drain-6", "copy:drain-7", "kstreams:drain-8", "streamapp:drain-9",
+                     "streamapp:drain-10", "kstreams:drain-11", "copy:drain-12"]
+    assert drains[0] == {"system": "copy", "pairs_per_s": 1.0}
+
+
+def test_balanced_drain_ratios_cancel_a_drift_over_the_run():
+    # The worker drains 2x Kafka Streams and 0.9x the copy; each drain runs 10 % faster than the one before.
+    truth = {"copy": 1000.0, "kstreams": 450.0, "streamapp": 900.0}
+    names = ["copy", "kstreams", "streamapp"]
+    order = [*names, *reversed(names)]
+    drains = [{"system": name, "pairs_per_s": truth[name] * 1.1**index, "cpu_s_per_1k_pairs": 0.1,
+               "complete": True, "joined_fraction": None, "samples": []} for index, name in enumerate(order)]
+    found = balanced_drains(drains, names)
+    assert found["backlog_vs_kstreams_per_pass"] == [2.2, 1.818]  # one pass flatters the worker, the next not
+    assert (found["backlog_vs_kstreams"], found["backlog_vs_copy"]) == (2.0, 0.9)
+    assert found["cpu_per_pair_vs_kstreams"] == 1.0 and "samples" not in found["drains"][0]
+    assert found["median_pairs_per_s"]["kstreams"] == pytest.approx(450 * (1.1 + 1.1**4) / 2)
+    found_ratios = ratios({}, drains=found)
+    assert (found_ratios["balanced_backlog_vs_kstreams"], found_ratios["balanced_backlog_vs_quix"]) == (2.0, None)
+    # A pass without one system's rate (it failed) leaves that comparison without a balanced ratio.
+    drains[4]["pairs_per_s"] = None
+    assert balanced_drains(drains, names)["backlog_vs_kstreams"] is None
+    assert balanced_drains(drains, names)["backlog_vs_copy"] == 0.9
+
+
+def test_the_report_lists_the_balanced_drains():
+    report = sample_report()
+    names = ["copy", "kstreams"]
+    report["drains"] = balanced_drains(
+        [{"system": name, "pairs_per_s": 500.0, "cpu_s_per_1k_pairs": 0.2, "complete": True, "joined_fraction": None}
+         for name in [*names, *reversed(names)]], names)
+    text = markdown(report)
+    assert "## Backlog drains, order balanced" in text and "2 passes" in text
+    assert "| 4 | plain copy | 500 | 0.200 | – |" in text
+    assert "Median pairs/s: plain copy 500; Kafka Streams 500." in text
+    assert "Did not run: OSError" in markdown({**report, "drains": {"error": "OSError: disk full"}})
 
 
 @pytest.mark.parametrize("value", [b"\x01{\"frame\": 1}", b"", 7, {"counter": 2**40}])

@@ -15,6 +15,9 @@ Each system gets fresh topics per phase and runs as its own process, so its CPU 
 * **live**: pairs published at each of ``rates`` for ``live_seconds``, rising, until a rate is not
   sustained; per rate the joined fraction, lag growth and latency (output read here − when the
   result, the later of the pair, was published).
+* **drain rounds** (on request): after every system has run, ``drain_rounds`` times every system's
+  backlog drain in the order given, then reversed (A B C D D C B A), so that a drift over the run
+  cancels in the ratios (see :func:`.join_report.balanced_drains`).
 
 Every record's Kafka timestamp is its frame's capture time; a result carries its frame's.
 """
@@ -94,6 +97,8 @@ class JoinBenchOptions:
     drain_timeout_s: float = 300.0
     # With the worker over PLAINTEXT and over SASL_SSL: rounds of their drains in the order A B B A.
     tls_rounds: int = 1
+    # After the runs: rounds of every system's drain in the order A B C D D C B A (0: none).
+    drain_rounds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -574,6 +579,13 @@ class Bench:
         on a small machine they share the cores."""
         return {"system": cpu_seconds_of(running.pid), "load": cpu_seconds_of(os.getpid())}
 
+    async def balanced_drains(self, systems: list[System], rounds: int, phase: str) -> list[dict]:
+        """Each system's backlog drain, ``rounds`` times in the order given and then reversed
+        (A B C C B A): a system early in one pass is late in the next."""
+        order = [*systems, *reversed(systems)] * rounds
+        return [{"system": system.name, **await self.backlog(system, f"{phase}-{number}")}
+                for number, system in enumerate(order, start=1)]
+
     async def tls_drains(self) -> dict:
         """The worker's backlog drains over PLAINTEXT (A) and SASL_SSL (B), ``tls_rounds`` times
         in the order A B B A, after one of each that is not counted (they warm the broker, its TLS
@@ -584,12 +596,20 @@ class Bench:
         try:
             for system in (plain, tls):
                 await self.backlog(system, "tls-warm-up")
-            drains = []
-            for number, system in enumerate([plain, tls, tls, plain] * self.options.tls_rounds, start=1):
-                drains.append({"system": system.name, **await self.backlog(system, f"tls-drain-{number}")})
+            drains = await self.balanced_drains([plain, tls], self.options.tls_rounds, "tls-drain")
         except Exception as exc:  # noqa: BLE001 - the systems' numbers stand without these
             return {"error": f"{type(exc).__name__}: {exc}"}
         return join_report.balanced_tls(drains)
+
+    async def drain_rounds(self, names: list[str]) -> dict:
+        """``drain_rounds`` rounds of the named systems' backlog drains, order balanced. Each has
+        drained and run live once before, so none of them is the first on a cold broker."""
+        systems = [SYSTEM_TYPES[name](self.settings, self.secured) for name in names]
+        try:
+            drains = await self.balanced_drains(systems, self.options.drain_rounds, "drain")
+        except Exception as exc:  # noqa: BLE001 - the systems' numbers stand without these
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return join_report.balanced_drains(drains, names)
 
     async def run_system(self, name: str) -> dict:
         system_type = SYSTEM_TYPES[name]
@@ -633,8 +653,13 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
         if {"streamapp", TLS_SYSTEM} <= set(options.systems):
             notify(f"bench join: the worker over PLAINTEXT and SASL_SSL, {options.tls_rounds} × A B B A")
             tls = asyncio.run(bench.tls_drains())
+        drains = None
+        if options.drain_rounds:
+            ran = [name for name in options.systems if not systems[name].get("error")]
+            notify(f"bench join: {options.drain_rounds} × every system's drain, order balanced")
+            drains = asyncio.run(bench.drain_rounds(ran))
     report = join_report.build_report(report_options(options, command, settings, bench), versions(),
-                                      systems, machine_at_start, tls)
+                                      systems, machine_at_start, tls, drains)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(join_report.markdown(report))
     join_report.draw_chart(out / "join.png", report)

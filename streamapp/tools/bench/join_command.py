@@ -75,6 +75,10 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help=f"with both streamapp and {TLS_SYSTEM}: rounds of their backlog drains in the order "
                            "A B B A after an uncounted one of each, the TLS ratios being the geometric mean of each "
                            "pair's (default 1)")
+    join.add_argument("--drain-rounds", type=count_or_zero_arg, default=0,
+                      help="after every system has run: rounds of all their backlog drains, each round the systems "
+                           "in order and then reversed (A B C D D C B A); the balanced ratios are the geometric "
+                           "mean of each pass's, so a drift over the run cancels (default 0: none)")
     join.add_argument("--drain-timeout", type=seconds_arg, default=300.0,
                       help="seconds a backlog or a live step may take to come out (default 300)")
     join.add_argument("--out", type=Path, default=Path("out/bench-join"),
@@ -90,7 +94,8 @@ def command_line(options) -> str:
         "--retries", str(options.retries),
         "--backlog-rate", f"{options.backlog_rate:g}", "--ttl", f"{options.ttl_s:g}",
         "--streams", str(options.streams), "--size", f"{options.width}x{options.height}",
-        "--systems", *options.systems, "--tls-rounds", str(options.tls_rounds), "--out", str(options.out)])
+        "--systems", *options.systems, "--tls-rounds", str(options.tls_rounds),
+        "--drain-rounds", str(options.drain_rounds), "--out", str(options.out)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                                backlog_rate=args.backlog_rate, ttl_s=args.ttl, streams=args.streams,
                                systems=tuple(args.systems),
                                width=width, height=height, out=args.out, drain_timeout_s=args.drain_timeout,
-                               tls_rounds=args.tls_rounds)
+                               tls_rounds=args.tls_rounds, drain_rounds=args.drain_rounds)
     # SIGTERM unwinds like Ctrl-C, so the broker and the systems' processes are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     report = run_join_bench(options, command_line(options),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from pathlib import Path
 
 from streamapp.tools.bench.plot import bar_image, line_image, write_png
@@ -156,10 +157,32 @@ def describe_machine() -> dict:
 
 
 def build_report(options: dict, versions: dict, systems: dict[str, dict], machine_at_start: dict,
-                 tls: dict | None = None) -> dict:
+                 tls: dict | None = None, drains: dict | None = None) -> dict:
     return {"options": options, "versions": versions,
             "machine": {**machine_at_start, "load_average_at_end": describe_machine()["load_average"]},
-            "systems": systems, **({"tls": tls} if tls else {}), "ratios": ratios(systems, tls)}
+            "systems": systems, **({"tls": tls} if tls else {}), **({"drains": drains} if drains else {}),
+            "ratios": ratios(systems, tls, drains)}
+
+
+def balanced_ratio(drains: list[dict], ours: str, theirs: str, key: str,
+                   per_pass: int) -> tuple[list[float], float | None]:
+    """``ours`` against ``theirs`` on ``key`` in each pass of ``per_pass`` drains (passes alternate
+    the order: A B C, C B A, ...), and the geometric mean of those ratios, None unless every pass
+    gave one. A drift over the run (later drains faster) raises one pass's ratio about as much as
+    it lowers the next's, so their geometric mean cancels it."""
+    found = []
+    for start in range(0, len(drains), per_pass):
+        by_system = {drain["system"]: drain.get(key) for drain in drains[start:start + per_pass]}
+        if (mine := by_system.get(ours)) and (other := by_system.get(theirs)):
+            found.append(mine / other)
+    every_pass = bool(found) and len(found) == math.ceil(len(drains) / per_pass)
+    mean = round(math.prod(found) ** (1 / len(found)), 3) if every_pass else None
+    return [round(ratio, 3) for ratio in found], mean
+
+
+def kept_drains(drains: list[dict], keys) -> list[dict]:
+    """Each drain's system and ``keys``, without its samples."""
+    return [{"system": drain["system"], **{key: drain.get(key) for key in keys}} for drain in drains]
 
 
 # What the worker's drains over SASL_SSL and PLAINTEXT are compared by: the ratio's name, the backlog summary's key.
@@ -169,25 +192,45 @@ TLS_MEASURES = {"backlog": "pairs_per_s", "cpu_per_pair": "cpu_s_per_1k_pairs",
 
 def balanced_tls(drains: list[dict]) -> dict:
     """The cost of TLS from the worker's backlog drains in the order A B B A, repeated (A over
-    PLAINTEXT, B over SASL_SSL; each drain a backlog summary with its ``system``). Each pair of
-    neighbours gives one ratio B/A per measure; a drift over the run (later drains ran faster, by
-    as much as TLS costs) raises the ratio of one pair of a round as much as it lowers the
-    other's, so their geometric mean cancels it."""
-    kept = [{"system": drain["system"], **{key: drain.get(key) for key in TLS_MEASURES.values()}} for drain in drains]
-    pairs = [sorted(kept[index:index + 2], key=lambda drain: drain["system"] != "streamapp")
-             for index in range(0, len(kept) - 1, 2)]
+    PLAINTEXT, B over SASL_SSL; each drain a backlog summary with its ``system``): per measure the
+    ratio B/A of each pair of neighbours, and their geometric mean (see :func:`balanced_ratio`)."""
+    kept = kept_drains(drains, TLS_MEASURES.values())
     result: dict = {"drains": kept}
     for name, key in TLS_MEASURES.items():
-        per_pair = [tls[key] / plain[key] for plain, tls in pairs if plain[key] and tls[key]]
-        result[f"{name}_ratios"] = [round(ratio, 3) for ratio in per_pair]
-        result[f"{name}_vs_plaintext"] = (round(math.prod(per_pair) ** (1 / len(per_pair)), 3)
-                                          if per_pair and len(per_pair) == len(pairs) else None)
+        result[f"{name}_ratios"], result[f"{name}_vs_plaintext"] = balanced_ratio(
+            kept, "streamapp-tls", "streamapp", key, 2)
     return result
 
 
-def ratios(systems: dict[str, dict], tls: dict | None = None) -> dict:
-    """This project's join against Kafka Streams, Quix Streams and the plain copy; over SASL_SSL
-    against PLAINTEXT from the order-balanced drains ``tls`` when they ran."""
+# What every system's order-balanced drains are compared by: the ratio's name, the backlog summary's key.
+DRAIN_MEASURES = {"backlog": "pairs_per_s", "cpu_per_pair": "cpu_s_per_1k_pairs"}
+
+
+def balanced_drains(drains: list[dict], systems: list[str]) -> dict:
+    """Rounds of every one of ``systems``' backlog drains, in passes of the systems in order, then
+    reversed (A B C D D C B A ...): each system's median drain rate, and this project's join against
+    each other system per pass and as the geometric mean of those (see :func:`balanced_ratio`)."""
+    kept = kept_drains(drains, [*DRAIN_MEASURES.values(), "complete", "joined_fraction"])
+    result: dict = {"systems": systems, "drains": kept,
+                    "median_pairs_per_s": {name: median_rate(kept, name) for name in systems}}
+    if "streamapp" in systems:
+        for theirs in systems:
+            for name, key in DRAIN_MEASURES.items():
+                if theirs != "streamapp":
+                    result[f"{name}_vs_{theirs}_per_pass"], result[f"{name}_vs_{theirs}"] = balanced_ratio(
+                        kept, "streamapp", theirs, key, len(systems))
+    return result
+
+
+def median_rate(drains: list[dict], system: str) -> float | None:
+    rates = [drain["pairs_per_s"] for drain in drains if drain["system"] == system and drain["pairs_per_s"]]
+    return statistics.median(rates) if rates else None
+
+
+def ratios(systems: dict[str, dict], tls: dict | None = None, drains: dict | None = None) -> dict:
+    """This project's join against Kafka Streams, Quix Streams and the plain copy, from each
+    system's first drain and, when they ran, from the order-balanced rounds of drains ``drains``;
+    over SASL_SSL against PLAINTEXT from the order-balanced drains ``tls`` when they ran."""
     def backlog(name: str) -> float | None:
         return (systems.get(name, {}).get("backlog") or {}).get("pairs_per_s")
 
@@ -210,6 +253,9 @@ def ratios(systems: dict[str, dict], tls: dict | None = None) -> dict:
             "cpu_per_pair_vs_quix": ratio(cpu_per_pair("streamapp"), cpu_per_pair("quix")),
             "live_max_vs_quix": ratio(live("streamapp"), live("quix")),
             "peak_rss_vs_quix": ratio(peak_rss("streamapp"), peak_rss("quix")),
+            # From the order-balanced rounds of every system's drain (None unless they ran).
+            **{f"balanced_{name}_vs_{theirs}": (drains or {}).get(f"{name}_vs_{theirs}")
+               for theirs in ("kstreams", "quix", "copy") for name in DRAIN_MEASURES},
             # Over SASL_SSL against PLAINTEXT (None unless both ran).
             **{f"tls_{name}_vs_plaintext": (tls or {}).get(f"{name}_vs_plaintext") for name in TLS_MEASURES},
             # Exactly-once against at-least-once (None unless both ran).
@@ -272,6 +318,8 @@ def markdown(report: dict) -> str:
         lines.append(f"- {key.replace('_', ' ')}: {value if value is not None else 'n/a'}")
     if report.get("tls"):
         lines += ["", *_tls_section(report["tls"], report["systems"])]
+    if report.get("drains"):
+        lines += ["", *_drains_section(report["drains"], report["systems"])]
     errors = [f"- {system['label']}: {system['error']}" for system in report["systems"].values()
               if system.get("error")]
     if errors:
@@ -280,25 +328,53 @@ def markdown(report: dict) -> str:
 
 
 def _tls_section(tls: dict, systems: dict[str, dict]) -> list[str]:
+    title = "## Over SASL_SSL, order balanced"
     if tls.get("error"):
-        return ["## Over SASL_SSL, order balanced", "", f"Did not run: {tls['error']}"]
+        return [title, "", f"Did not run: {tls['error']}"]
+    lines = [title, "",
+             "The worker's backlog drains after an uncounted one over each listener, in the order A B B A "
+             "(A PLAINTEXT, B SASL_SSL); each neighbouring pair gives a ratio, the tls ratios above are "
+             "their geometric mean (the single drains in the first table are not).", "",
+             *_drains_table(tls["drains"], systems, {
+                 "pairs/s": "pairs_per_s", "CPU s / 1,000 pairs": "cpu_s_per_1k_pairs",
+                 "broker CPU s / 1,000 pairs": "broker_cpu_s_per_1k_pairs"})]
+    lines += ["", "Ratios per pair: " + "; ".join(
+        f"{name.replace('_', ' ')} {', '.join(f'{ratio:.3f}' for ratio in tls[f'{name}_ratios'])}"
+        for name in TLS_MEASURES) + "."]
+    return lines
+
+
+def _drains_section(drains: dict, systems: dict[str, dict]) -> list[str]:
+    title = "## Backlog drains, order balanced"
+    if drains.get("error"):
+        return [title, "", f"Did not run: {drains['error']}"]
+    labels = {name: system["label"] for name, system in systems.items()}
+    passes = len(drains["drains"]) // max(1, len(drains["systems"]))
+    lines = [title, "",
+             f"After every system's run, {passes} passes of their backlog drains, each pass in the order of "
+             "the one before reversed; this worker's ratio to each system in each pass, and the balanced "
+             "ratios above, their geometric mean (a drift over the run cancels in it).", "",
+             *_drains_table(drains["drains"], systems, {
+                 "pairs/s": "pairs_per_s", "CPU s / 1,000 pairs": "cpu_s_per_1k_pairs", "joined": "joined_fraction"}),
+             "", "Median pairs/s: " + "; ".join(f"{labels.get(name, name)} {rate:,.0f}" for name, rate
+                                               in drains["median_pairs_per_s"].items() if rate) + "."]
+    per_pass = [f"against {labels.get(theirs, theirs)} {', '.join(f'{ratio:.3f}' for ratio in ratios_found)}"
+                for theirs in drains["systems"] if (ratios_found := drains.get(f"backlog_vs_{theirs}_per_pass"))]
+    if per_pass:
+        lines += ["", "Backlog ratio per pass: " + "; ".join(per_pass) + "."]
+    return lines
+
+
+def _drains_table(drains: list[dict], systems: dict[str, dict], columns: dict[str, str]) -> list[str]:
     labels = {name: system["label"] for name, system in systems.items()}
 
     def cell(value: float | None) -> str:
         return "–" if value is None else f"{value:,.3f}" if value < 10 else f"{value:,.0f}"
 
-    lines = ["## Over SASL_SSL, order balanced", "",
-             "The worker's backlog drains after an uncounted one over each listener, in the order A B B A "
-             "(A PLAINTEXT, B SASL_SSL); each neighbouring pair gives a ratio, the tls ratios above are "
-             "their geometric mean (the single drains in the first table are not).", "",
-             "| drain | system | pairs/s | CPU s / 1,000 pairs | broker CPU s / 1,000 pairs |", "|---|---|---|---|---|"]
-    lines += [f"| {number} | {labels.get(drain['system'], drain['system'])} | "
-              + " | ".join(cell(drain[key]) for key in TLS_MEASURES.values()) + " |"
-              for number, drain in enumerate(tls["drains"], start=1)]
-    lines += ["", "Ratios per pair: " + "; ".join(
-        f"{name.replace('_', ' ')} {', '.join(f'{ratio:.3f}' for ratio in tls[f'{name}_ratios'])}"
-        for name in TLS_MEASURES) + "."]
-    return lines
+    return ["| drain | system | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns),
+            *(f"| {number} | {labels.get(drain['system'], drain['system'])} | "
+              + " | ".join(cell(drain.get(key)) for key in columns.values()) + " |"
+              for number, drain in enumerate(drains, start=1))]
 
 
 def _retries_note(retries: int) -> str:
