@@ -17,8 +17,10 @@ from streamapp.tools.bench.join_report import (
     build_report,
     describe_machine,
     draw_chart,
+    is_sustained,
     lag_slope,
     markdown,
+    max_latency_held,
     max_sustained,
     ratios,
     refine_rate,
@@ -86,6 +88,19 @@ def test_max_sustained_rate_is_the_top_of_the_sustained_run_and_says_what_ended_
                step(450, sustained=False)]
     assert max_sustained(retried) == {"rate": 300, "limited_by": "system"}   # one try of 300 was enough
     assert refine_rate(retried) == 375
+
+
+def test_the_maximum_by_latency_holds_through_bursts_of_output_and_ends_where_latency_grows():
+    def step(rate: float, growth: float, p99: float, joined: float = 1.0) -> dict:
+        found = {"rate": rate, "pairs": int(rate * 10), "offered": True, "out_fraction": joined,
+                 "joined_fraction": joined, "lag_growth_pairs_per_s": growth, "latency_s": {"count": 9, "p99": p99}}
+        return {**found, "sustained": is_sustained(found)}
+
+    # Output in bursts: the lag slope fails 300/s with latency flat, and passes 900/s 3.7 s behind.
+    bursty = [step(150.0, 3.0, 1.3), step(300.0, 25.0, 1.5), step(450.0, -10.0, 1.75), step(900.0, -20.0, 5.0)]
+    assert max_sustained(bursty)["rate"] == 150.0 and max_latency_held(bursty) == 450.0  # allowed 1.3 + 0.5 s
+    assert max_latency_held([step(150.0, 0.0, 0.02), step(300.0, 0.0, 0.3, joined=0.99)]) == 150.0
+    assert max_latency_held([]) is None
 
 
 def test_refined_rates_halve_the_gap_between_the_highest_sustained_and_the_lowest_not():
@@ -156,7 +171,8 @@ def sample_report() -> dict:
              step_summary(raw_step(growth=100.0), joins=True),
              step_summary(raw_step(growth=90.0), joins=True),
              step_summary(raw_step(rate=225.0, pairs=2250, publish_s=10.0, joined=2250, out=2250), joins=True)]
-    live = {"steps": steps, "max_sustained": max_sustained(steps), "counters": {}}
+    live = {"steps": steps, "max_sustained": max_sustained(steps), "max_latency_held": max_latency_held(steps),
+            "counters": {}}
     systems = {
         "copy": {"label": "plain copy", "pending_measure": None,
                  "backlog": backlog_summary(raw_backlog(counters={}), joins=False), "live": live},
@@ -186,6 +202,7 @@ def test_report_markdown_describes_the_machine_and_every_system():
     assert "+100/s ✗ → 60 / 100 ms, 100.0 %, +90/s ✗ |" in text            # both tries of 300/s
     assert "tried once more once the system has caught up" in text
     assert "streamapp join worker: TimeoutError" in text
+    assert "Maximum by latency instead of lag" in text and "plain copy 300; Kafka Streams 300 pairs/s." in text
     assert "Kafka Streams at 300/s: 0.50 cores, the load 0.25" in text
 
 

@@ -526,7 +526,8 @@ class Bench:
                 for rate in self.rates_to_try(steps):
                     steps.append(join_report.step_summary(await self.step(load, outputs, sampler, rate), system.joins))
                 counters = await asyncio.to_thread(running.counters)
-        return {"steps": steps, "max_sustained": join_report.max_sustained(steps), "counters": counters,
+        return {"steps": steps, "max_sustained": join_report.max_sustained(steps),
+                "max_latency_held": join_report.max_latency_held(steps), "counters": counters,
                 "samples": sampler.samples}
 
     def rates_to_try(self, steps: list[dict]) -> Iterator[float]:

@@ -133,6 +133,28 @@ def max_sustained(steps: list[dict]) -> dict:
     return {"rate": best, "limited_by": "rates"}
 
 
+def max_latency_held(steps: list[dict]) -> float | None:
+    """The maximum sustained rate by latency instead of lag, from the same steps (the ladder stops
+    where the lag rule says, so it is at most the highest rate tried): a step holds when it is
+    offered and complete and its p99 is at most the lowest rate's best p99 plus what the lag rule
+    lets a step fall behind, ``LAG_GROWTH_TOLERANCE`` × its length. Output that leaves in bursts
+    seconds long swings a step's lag slope both ways; it does not raise its p99 unless it falls behind."""
+    if not steps:
+        return None
+    lowest = min(step["rate"] for step in steps)
+    base = min((step["latency_s"]["p99"] for step in steps
+                if step["rate"] == lowest and step["latency_s"].get("count")), default=None)
+    if base is None:
+        return None
+
+    def holds(step: dict) -> bool:
+        allowed = base + LAG_GROWTH_TOLERANCE * step["pairs"] / step["rate"]
+        return (is_sustained({**step, "lag_growth_pairs_per_s": 0.0}) and bool(step["latency_s"].get("count"))
+                and step["latency_s"]["p99"] <= allowed)
+
+    return max_sustained([{**step, "sustained": holds(step)} for step in steps])["rate"]
+
+
 def refine_rate(steps: list[dict], min_gap: float = MIN_REFINE_GAP) -> float | None:
     """Once the ladder stopped at a step not sustained, the rate halfway between the highest rate
     sustained and the lowest not (whole pairs/s); None when the system sustained no rate, the load
@@ -237,6 +259,9 @@ def ratios(systems: dict[str, dict], tls: dict | None = None, drains: dict | Non
     def live(name: str) -> float | None:
         return ((systems.get(name, {}).get("live") or {}).get("max_sustained") or {}).get("rate")
 
+    def latency_held(name: str) -> float | None:
+        return (systems.get(name, {}).get("live") or {}).get("max_latency_held")
+
     def ratio(ours: float | None, theirs: float | None) -> float | None:
         return round(ours / theirs, 3) if ours and theirs else None
 
@@ -252,6 +277,8 @@ def ratios(systems: dict[str, dict], tls: dict | None = None, drains: dict | Non
             "backlog_vs_quix": ratio(backlog("streamapp"), backlog("quix")),
             "cpu_per_pair_vs_quix": ratio(cpu_per_pair("streamapp"), cpu_per_pair("quix")),
             "live_max_vs_quix": ratio(live("streamapp"), live("quix")),
+            "live_latency_held_vs_quix": ratio(latency_held("streamapp"), latency_held("quix")),
+            "live_latency_held_vs_kstreams": ratio(latency_held("streamapp"), latency_held("kstreams")),
             "peak_rss_vs_quix": ratio(peak_rss("streamapp"), peak_rss("quix")),
             # From the order-balanced rounds of every system's drain (None unless they ran).
             **{f"balanced_{name}_vs_{theirs}": (drains or {}).get(f"{name}_vs_{theirs}")
@@ -313,7 +340,7 @@ def markdown(report: dict) -> str:
               "lag growth in pairs/s (lag: pairs published and not yet out); ✗ marks a step not sustained "
               "(< 99.9 % joined, or lag growing "
               f"more than {LAG_GROWTH_TOLERANCE:.0%} of the rate per second). Latencies skip the first "
-              "tenth of each step.", "", _cores_note(report), "", "## Ratios", ""]
+              "tenth of each step.", "", _latency_held_note(report), "", _cores_note(report), "", "## Ratios", ""]
     for key, value in report["ratios"].items():
         lines.append(f"- {key.replace('_', ' ')}: {value if value is not None else 'n/a'}")
     if report.get("tls"):
@@ -383,6 +410,16 @@ def _retries_note(retries: int) -> str:
     times = "once more" if retries == 1 else f"up to {retries} more times"
     return (f"A step not sustained is tried {times} once the system has caught up (a host stall fails a step "
             "for any system); a rate counts as sustained when one of its tries is.")
+
+
+def _latency_held_note(report: dict) -> str:
+    held = [f"{system['label']} {rate:,.0f}" for system in report["systems"].values()
+            if (rate := (system.get("live") or {}).get("max_latency_held"))]
+    if not held:
+        return ""
+    return ("Maximum by latency instead of lag, from the same steps (p99 at most the lowest rate's plus "
+            f"{LAG_GROWTH_TOLERANCE:.0%} of the step's length; output that leaves in bursts swings the lag "
+            "slope, not the p99): " + "; ".join(held) + " pairs/s.")
 
 
 def _cores_note(report: dict) -> str:
