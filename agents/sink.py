@@ -37,7 +37,16 @@ from streamapp.imaging import UNUSABLE_PIXELS, CorruptFrame, decode_frame, decod
 from streamapp.opencv import cv2
 from streamapp.previewframes import LatestFrames
 from streamapp.settings import Settings, SettingsError
-from streamapp.sinkfiles import SEGMENT_NAME, epoch_dir, frame_path, last_index, segment_path, video_dir, video_segments
+from streamapp.sinkfiles import (
+    SEGMENT_NAME,
+    epoch_dir,
+    frame_id_of,
+    frame_path,
+    last_index,
+    segment_path,
+    video_dir,
+    video_segments,
+)
 from streamapp.units import format_bytes
 from streamapp.wire import Box, FrameId, Joined
 
@@ -481,10 +490,9 @@ class VideoAssemblers:
 
     def still_to_take(self, path: Path) -> bool:
         """Whether ``path`` is a frame file that its run's video has not appended yet."""
-        run = path.parent.parent
-        assembler = self._active.get((run.parent.name, int(run.name))) if run.name.isdigit() else None
-        return (assembler is not None and path.parent.name == "frames" and path.stem.isdigit()
-                and int(path.stem) >= assembler.next_index)
+        frame = frame_id_of(path)
+        assembler = self._active.get((frame.stream, frame.epoch)) if frame else None
+        return assembler is not None and frame is not None and frame.index >= assembler.next_index
 
     @property
     def open_bytes(self) -> int:

@@ -24,6 +24,14 @@ def frame_path(out_dir: str | Path, frame_id: FrameId) -> Path:
     return epoch_dir(out_dir, frame_id.stream, frame_id.epoch) / "frames" / f"{frame_id.index:08d}.jpg"
 
 
+def frame_id_of(path: Path) -> FrameId | None:
+    """The frame a :func:`frame_path` names; None for any other path."""
+    run = path.parent.parent
+    if path.parent.name != "frames" or path.suffix != ".jpg" or not (path.stem.isdigit() and run.name.isdigit()):
+        return None
+    return FrameId(run.parent.name, int(run.name), int(path.stem))
+
+
 def video_dir(out_dir: str | Path, stream: str, epoch: int) -> Path:
     return epoch_dir(out_dir, stream, epoch) / "video"
 

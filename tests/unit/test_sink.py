@@ -21,7 +21,7 @@ from streamapp.agents.source import SyntheticScene, to_frame
 from streamapp.diskspace import DiskFull
 from streamapp.imaging import CorruptFrame, decode_jpeg
 from streamapp.settings import Settings, SettingsError
-from streamapp.sinkfiles import frame_path, video_segments
+from streamapp.sinkfiles import frame_id_of, frame_path, video_segments
 from streamapp.wire import Box, Detections, Frame, FrameId, Joined
 
 NOW_MS = 1_700_000_000_000
@@ -421,3 +421,12 @@ def test_pixel_stages_keep_memory_flat_without_the_cyclic_gc():
     finally:
         gc.enable()
     assert growth < 50 * 1024**2, f"RSS grew by {growth / 1024**2:.1f} MiB"
+
+
+def test_a_frame_path_names_its_frame_and_no_other_path_does(tmp_path):
+    frame = FrameId("cam-1", 1717000000, 42)
+    assert frame_id_of(frame_path(tmp_path, frame)) == frame
+    for other in (tmp_path / "cam-1" / "1717000000" / "video" / "00000000-00000899.avi",
+                  tmp_path / "cam-1" / "run" / "frames" / "00000042.jpg",
+                  tmp_path / "cam-1" / "1717000000" / "frames" / "00000042.jpg.tmp"):
+        assert frame_id_of(other) is None

@@ -235,12 +235,11 @@ def balanced_drains(drains: list[dict], systems: list[str]) -> dict:
     kept = kept_drains(drains, [*DRAIN_MEASURES.values(), "complete", "joined_fraction"])
     result: dict = {"systems": systems, "drains": kept,
                     "median_pairs_per_s": {name: median_rate(kept, name) for name in systems}}
-    if "streamapp" in systems:
-        for theirs in systems:
-            for name, key in DRAIN_MEASURES.items():
-                if theirs != "streamapp":
-                    result[f"{name}_vs_{theirs}_per_pass"], result[f"{name}_vs_{theirs}"] = balanced_ratio(
-                        kept, "streamapp", theirs, key, len(systems))
+    others = [name for name in systems if name != "streamapp"] if "streamapp" in systems else []
+    for theirs in others:
+        for name, key in DRAIN_MEASURES.items():
+            result[f"{name}_vs_{theirs}_per_pass"], result[f"{name}_vs_{theirs}"] = balanced_ratio(
+                kept, "streamapp", theirs, key, len(systems))
     return result
 
 
@@ -362,7 +361,7 @@ def _tls_section(tls: dict, systems: dict[str, dict]) -> list[str]:
              "The worker's backlog drains after an uncounted one over each listener, in the order A B B A "
              "(A PLAINTEXT, B SASL_SSL); each neighbouring pair gives a ratio, the tls ratios above are "
              "their geometric mean (the single drains in the first table are not).", "",
-             *_drains_table(tls["drains"], systems, {
+             *_drains_table(tls["drains"], _labels(systems), {
                  "pairs/s": "pairs_per_s", "CPU s / 1,000 pairs": "cpu_s_per_1k_pairs",
                  "broker CPU s / 1,000 pairs": "broker_cpu_s_per_1k_pairs"})]
     lines += ["", "Ratios per pair: " + "; ".join(
@@ -375,13 +374,13 @@ def _drains_section(drains: dict, systems: dict[str, dict]) -> list[str]:
     title = "## Backlog drains, order balanced"
     if drains.get("error"):
         return [title, "", f"Did not run: {drains['error']}"]
-    labels = {name: system["label"] for name, system in systems.items()}
+    labels = _labels(systems)
     passes = len(drains["drains"]) // max(1, len(drains["systems"]))
     lines = [title, "",
              f"After every system's run, {passes} passes of their backlog drains, each pass in the order of "
              "the one before reversed; this worker's ratio to each system in each pass, and the balanced "
              "ratios above, their geometric mean (a drift over the run cancels in it).", "",
-             *_drains_table(drains["drains"], systems, {
+             *_drains_table(drains["drains"], labels, {
                  "pairs/s": "pairs_per_s", "CPU s / 1,000 pairs": "cpu_s_per_1k_pairs", "joined": "joined_fraction"}),
              "", "Median pairs/s: " + "; ".join(f"{labels.get(name, name)} {rate:,.0f}" for name, rate
                                                in drains["median_pairs_per_s"].items() if rate) + "."]
@@ -392,9 +391,11 @@ def _drains_section(drains: dict, systems: dict[str, dict]) -> list[str]:
     return lines
 
 
-def _drains_table(drains: list[dict], systems: dict[str, dict], columns: dict[str, str]) -> list[str]:
-    labels = {name: system["label"] for name, system in systems.items()}
+def _labels(systems: dict[str, dict]) -> dict[str, str]:
+    return {name: system["label"] for name, system in systems.items()}
 
+
+def _drains_table(drains: list[dict], labels: dict[str, str], columns: dict[str, str]) -> list[str]:
     def cell(value: float | None) -> str:
         return "–" if value is None else f"{value:,.3f}" if value < 10 else f"{value:,.0f}"
 
