@@ -7,9 +7,11 @@ import asyncio
 
 import cv2
 import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
 
-from streamapp.tools.bench import quixjoin
-from streamapp.tools.bench.join import Bench, JoinBenchOptions, Outputs, parse_join_key
+from streamapp.settings import Settings
+from streamapp.tools.bench import join, quixjoin, rdkafkacopy
+from streamapp.tools.bench.join import Bench, JoinBenchOptions, LibrdkafkaCopy, Outputs, parse_join_key
 from streamapp.tools.bench.join_report import (
     backlog_summary,
     balanced_drains,
@@ -28,6 +30,7 @@ from streamapp.tools.bench.join_report import (
 )
 from streamapp.tools.bench.pairs import FRAME, RESULT, Cameras, publish_order
 from streamapp.tools.cli import main
+from streamapp.tools.localkafka.security import make_certificates
 
 
 @pytest.mark.parametrize("argv, reason", [
@@ -300,6 +303,58 @@ def test_balanced_drain_ratios_cancel_a_drift_over_the_run():
     drains[4]["pairs_per_s"] = None
     assert balanced_drains(drains, names)["backlog_vs_kstreams"] is None
     assert balanced_drains(drains, names)["backlog_vs_copy"] == 0.9
+
+
+def test_the_plain_copies_against_kafka_streams_give_each_clients_limit():
+    # Each client's copy drains 2x and 5x Kafka Streams; each drain runs 10 % faster than the one before.
+    truth = {"copy": 1000.0, "copy-librdkafka": 2500.0, "kstreams": 500.0, "streamapp": 900.0}
+    names = list(truth)
+    drains = [{"system": name, "pairs_per_s": truth[name] * 1.1**index, "cpu_s_per_1k_pairs": 0.1,
+               "complete": True, "joined_fraction": None} for index, name in enumerate([*names, *reversed(names)])]
+    found = balanced_drains(drains, names)
+    assert (found["copy_backlog_vs_kstreams"], found["copy-librdkafka_backlog_vs_kstreams"]) == (2.0, 5.0)
+    assert found["backlog_vs_copy-librdkafka"] == 0.36
+    found_ratios = ratios({}, drains=found)
+    assert found_ratios["balanced_copy-librdkafka_backlog_vs_kstreams"] == 5.0
+    assert found_ratios["balanced_backlog_vs_copy-librdkafka"] == 0.36
+    report = {**sample_report(), "drains": found}
+    report["systems"]["copy-librdkafka"] = {"label": "plain copy (librdkafka)"}
+    assert ("The plain copies against Kafka Streams, balanced: plain copy 2.00×; plain copy (librdkafka) 5.00×"
+            in markdown(report))
+    # Without Kafka Streams in the rounds there is nothing to hold the copies against.
+    without = balanced_drains([drain for drain in drains if drain["system"] != "kstreams"],
+                              [name for name in names if name != "kstreams"])
+    assert "copy-librdkafka_backlog_vs_kstreams" not in without
+
+
+def test_the_librdkafka_copy_is_configured_as_librdkafka_accepts_with_the_projects_security(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(make_certificates("broker.example").ca_pem)
+    settings = Settings.from_env({"STREAMAPP_BROKER": "kafka://broker.example:9093", "STREAMAPP_SECURITY_PROTOCOL":
+                                  "SASL_SSL", "STREAMAPP_SASL_MECHANISM": "SCRAM-SHA-512", "STREAMAPP_SASL_USERNAME":
+                                  "bench", "STREAMAPP_SASL_PASSWORD": "s3cret", "STREAMAPP_SSL_CA_FILE": str(ca)})
+    consumer, producer = rdkafkacopy.client_configs(settings, "bench-group")
+    for config in (consumer, producer):
+        assert (config["bootstrap.servers"], config["security.protocol"], config["sasl.username"]) == (
+            "broker.example:9093", "SASL_SSL", "bench")
+    # librdkafka refuses a property it does not know, or a value out of its range, when the client is made.
+    Consumer(consumer).close()
+    Producer(producer).flush(0)
+
+
+def test_the_librdkafka_copy_raises_the_first_failed_delivery_of_a_batch_once():
+    delivery = rdkafkacopy.Delivery()
+    delivery(None, None)
+    first, second = KafkaError(KafkaError._MSG_TIMED_OUT), KafkaError(KafkaError._QUEUE_FULL)
+    delivery(first, None)
+    delivery(second, None)
+    assert delivery.take() is first and delivery.take() is None
+
+
+def test_the_librdkafka_copy_is_not_run_without_confluent_kafka(monkeypatch):
+    monkeypatch.setattr(join, "installed_version", lambda name: None)
+    with pytest.raises(RuntimeError, match=r"confluent-kafka is not installed: pip install 'streamapp\[bench\]'"):
+        LibrdkafkaCopy(Settings.from_env({}))
 
 
 def test_the_report_lists_the_balanced_drains():

@@ -24,6 +24,8 @@ from streamapp.topics import max_record_bytes
 
 READY_MARKER = "ready"
 MIB = 1024**2
+POLL_RECORDS = 2000
+POLL_S = 0.2
 
 
 async def copy(settings: Settings, group: str, target: str, sources: list[str]) -> None:
@@ -38,7 +40,7 @@ async def copy(settings: Settings, group: str, target: str, sources: list[str]) 
     try:
         announced = False
         while True:
-            batches = await consumer.getmany(timeout_ms=200, max_records=2000)
+            batches = await consumer.getmany(timeout_ms=int(POLL_S * 1000), max_records=POLL_RECORDS)
             if not announced and consumer.assignment():
                 print(READY_MARKER, flush=True)
                 announced = True

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from streamapp import wire
 from streamapp.settings import EXACTLY_ONCE, Settings
-from streamapp.tools.bench import copy, join_report, kstreams, quixjoin
+from streamapp.tools.bench import copy, join_report, kstreams, quixjoin, rdkafkacopy
 from streamapp.tools.bench.pairs import RESULT_LAG, Cameras, PairLoad, create_plain_topics, load_producer
 from streamapp.tools.bench.sampler import cpu_seconds_of, directory_bytes, rss_of
 from streamapp.tools.harness import delete_topics, follow, own_broker
@@ -63,6 +63,8 @@ WARMUP_FRACTION = 0.1
 
 
 SYSTEMS = ("copy", "kstreams", "quix", "streamapp")
+# The plain copy on librdkafka: not run unless asked for (`--systems copy copy-librdkafka ...`).
+LIBRDKAFKA_COPY_SYSTEM = "copy-librdkafka"
 # The worker over TLS and SASL: not run unless asked for (`--systems ... streamapp-tls`).
 TLS_SYSTEM = "streamapp-tls"
 # The worker and Kafka Streams under exactly-once: not run unless asked for
@@ -205,14 +207,15 @@ class PlainCopy(System):
     name = "copy"
     label = "plain copy (aiokafka)"
     joins = False
+    program = copy.__name__  # run as ``python -m``; prints copy.READY_MARKER once assigned
 
     def topics(self, prefix: str) -> Topics:
         return Topics(prefix, f"{prefix}frames", f"{prefix}detections", f"{prefix}copy")
 
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
-        argv = [sys.executable, "-m", "streamapp.tools.bench.copy", f"{topics.prefix}copy", topics.output,
+        argv = [sys.executable, "-m", self.program, f"{topics.prefix}copy", topics.output,
                 topics.frames, topics.results]
-        return Running(Process("plain copy", argv, logs / "copy.log", copy.READY_MARKER,
+        return Running(Process(self.label, argv, logs / f"{self.name}.log", copy.READY_MARKER,
                                env={**os.environ, **self.settings.to_env()}))
 
     def tally(self, outputs: Outputs, record, now: float) -> None:
@@ -220,6 +223,20 @@ class PlainCopy(System):
             outputs.frames += 1
         else:
             outputs.pair_out(*parse_join_key(record.key), True, now)
+
+
+class LibrdkafkaCopy(PlainCopy):
+    """The same copy on librdkafka: what the faster client alone moves here, the most a join on it
+    could reach."""
+
+    name = LIBRDKAFKA_COPY_SYSTEM
+    label = "plain copy (librdkafka)"
+    program = rdkafkacopy.__name__
+
+    def __init__(self, settings: Settings, secured: Settings | None = None) -> None:
+        super().__init__(settings, secured)
+        if installed_version("confluent-kafka") is None:
+            raise RuntimeError("confluent-kafka is not installed: pip install 'streamapp[bench]'")
 
 
 class KafkaStreamsJoin(System):
@@ -338,7 +355,8 @@ def _stats(worker: Worker) -> dict:
         return {}  # busy for a moment; the sample shows nothing rather than stopping the bench
 
 
-SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, "kstreams": KafkaStreamsJoin,
+SYSTEM_TYPES: dict[str, type[System]] = {"copy": PlainCopy, LIBRDKAFKA_COPY_SYSTEM: LibrdkafkaCopy,
+                                         "kstreams": KafkaStreamsJoin,
                                          "quix": QuixStreamsJoin, "streamapp": StreamappJoin,
                                          TLS_SYSTEM: StreamappJoinOverTls, EOS_SYSTEM: StreamappJoinExactlyOnce,
                                          KSTREAMS_EOS_SYSTEM: KafkaStreamsJoinExactlyOnce}

@@ -20,6 +20,7 @@ from streamapp.tools.bench.join import (
     DEFAULT_RATES,
     EOS_SYSTEM,
     KSTREAMS_EOS_SYSTEM,
+    LIBRDKAFKA_COPY_SYSTEM,
     SYSTEMS,
     TLS_SYSTEM,
     JoinBenchOptions,
@@ -62,9 +63,12 @@ def configure(join: argparse.ArgumentParser) -> None:
                       help="cameras sharing each rate, e.g. 10 for 150 pairs/s as 10 cameras at 15 fps (default 1)")
     join.add_argument("--size", type=resolution_arg, default=(640, 480),
                       help="frame size WIDTHxHEIGHT (default 640x480)")
-    join.add_argument("--systems", nargs="+", choices=[*SYSTEMS, TLS_SYSTEM, EOS_SYSTEM, KSTREAMS_EOS_SYSTEM],
+    join.add_argument("--systems", nargs="+",
+                      choices=[*SYSTEMS, LIBRDKAFKA_COPY_SYSTEM, TLS_SYSTEM, EOS_SYSTEM, KSTREAMS_EOS_SYSTEM],
                       default=list(SYSTEMS),
-                      help=f"which systems to run, in this order (default: the first four); {TLS_SYSTEM} is "
+                      help=f"which systems to run, in this order (default: the first four); {LIBRDKAFKA_COPY_SYSTEM} "
+                           "is the plain copy on librdkafka (the bench extra), the limit of that client here; "
+                           f"{TLS_SYSTEM} is "
                            "the worker over SASL_SSL (SCRAM-SHA-512) on a second listener of the same broker "
                            "(the load and the reader stay on PLAINTEXT), e.g. "
                            f"`--systems streamapp {TLS_SYSTEM}` for the cost of TLS and SASL; {EOS_SYSTEM} is "

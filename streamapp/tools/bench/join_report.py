@@ -226,6 +226,9 @@ def balanced_tls(drains: list[dict]) -> dict:
 
 # What every system's order-balanced drains are compared by: the ratio's name, the backlog summary's key.
 DRAIN_MEASURES = {"backlog": "pairs_per_s", "cpu_per_pair": "cpu_s_per_1k_pairs"}
+# The plain copies on each client: against Kafka Streams, the most a join on that client could drain
+# faster than Kafka Streams here.
+COPIES = ("copy", "copy-librdkafka")
 
 
 def balanced_drains(drains: list[dict], systems: list[str]) -> dict:
@@ -240,6 +243,10 @@ def balanced_drains(drains: list[dict], systems: list[str]) -> dict:
         for name, key in DRAIN_MEASURES.items():
             result[f"{name}_vs_{theirs}_per_pass"], result[f"{name}_vs_{theirs}"] = balanced_ratio(
                 kept, "streamapp", theirs, key, len(systems))
+    limits = [name for name in COPIES if name in systems] if "kstreams" in systems else []
+    for limit in limits:
+        result[f"{limit}_backlog_vs_kstreams_per_pass"], result[f"{limit}_backlog_vs_kstreams"] = balanced_ratio(
+            kept, limit, "kstreams", "pairs_per_s", len(systems))
     return result
 
 
@@ -281,7 +288,9 @@ def ratios(systems: dict[str, dict], tls: dict | None = None, drains: dict | Non
             "peak_rss_vs_quix": ratio(peak_rss("streamapp"), peak_rss("quix")),
             # From the order-balanced rounds of every system's drain (None unless they ran).
             **{f"balanced_{name}_vs_{theirs}": (drains or {}).get(f"{name}_vs_{theirs}")
-               for theirs in ("kstreams", "quix", "copy") for name in DRAIN_MEASURES},
+               for theirs in ("kstreams", "quix", *COPIES) for name in DRAIN_MEASURES},
+            **{f"balanced_{limit}_backlog_vs_kstreams": (drains or {}).get(f"{limit}_backlog_vs_kstreams")
+               for limit in COPIES},
             # Over SASL_SSL against PLAINTEXT (None unless both ran).
             **{f"tls_{name}_vs_plaintext": (tls or {}).get(f"{name}_vs_plaintext") for name in TLS_MEASURES},
             # Exactly-once against at-least-once (None unless both ran).
@@ -388,6 +397,11 @@ def _drains_section(drains: dict, systems: dict[str, dict]) -> list[str]:
                 for theirs in drains["systems"] if (ratios_found := drains.get(f"backlog_vs_{theirs}_per_pass"))]
     if per_pass:
         lines += ["", "Backlog ratio per pass: " + "; ".join(per_pass) + "."]
+    limits = [f"{labels.get(limit, limit)} {ratio:.2f}×" for limit in COPIES
+              if (ratio := drains.get(f"{limit}_backlog_vs_kstreams"))]
+    if limits:
+        lines += ["", "The plain copies against Kafka Streams, balanced: " + "; ".join(limits) + " (a join on "
+                  "that client drains at most this much faster than Kafka Streams here)."]
     return lines
 
 
