@@ -24,7 +24,7 @@ from streamapp.topics import max_record_bytes
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message
 
-__all__ = ["READY_MARKER", "client_configs", "copy"]
+
 # A partition whose prefetched records reach librdkafka's queue bound is fetched again only after
 # this long; its default (1 s) halves a drain (docs/benchmarks.md, "Kafka client trial").
 FETCH_QUEUE_BACKOFF_MS = 5
@@ -37,6 +37,7 @@ def client_configs(settings: Settings, group: str) -> tuple[dict, dict]:
     consumer = {**common, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": "false",
                 "max.partition.fetch.bytes": limit, "fetch.max.bytes": max(64 * MIB, limit),
                 "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS}
+    # message.max.bytes: a record up to the limit, with room for its batch's framing.
     producer = {**common, "linger.ms": 5, "batch.size": MIB, "message.max.bytes": limit + MIB,
                 "partitioner": "murmur2_random"}
     return consumer, producer
