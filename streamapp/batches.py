@@ -17,7 +17,7 @@ monitor is the only one).
 
 A record taken while flow is suspended (a rebalance or a stop began) or fetched in an earlier
 generation is skipped and never acked, so that it is read again from the committed offset.
-Faust's own stream acks what it skips (streamapp.worker.consumer refuses those acks): acked, a
+Faust's own stream acks what it skips (streamapp.kafka.consumer refuses those acks): acked, a
 stop's last commit took a skipped record's offset along with those after it, and the record was
 never handled.
 

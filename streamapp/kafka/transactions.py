@@ -23,7 +23,7 @@ committed offsets.
 
 A stage with a changelog (the join) writes its changelog only in these transactions. Its table's
 recovery reads a changelog partition up to the record before the end (the end is a commit
-marker, which no reader sees, streamapp.worker.consumer); a new producer begins by committing a
+marker, which no reader sees, streamapp.kafka.consumer); a new producer begins by committing a
 deletion of FENCE_KEY, a key no entry has, so that the end is a commit marker even when the last
 transaction before it was aborted (a killed worker's, aborted by this producer's
 initialisation): else the recovery would wait for a record it never reads, 10 s before Faust

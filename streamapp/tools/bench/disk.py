@@ -2,7 +2,7 @@
 
 A local broker and one worker per stage run as deployed, with the broker's log dir, the join's
 data dir and the sink's out dir each on its own small file system, sized from the budgets
-(:func:`~streamapp.bench.disk_scenario.filesystem_bytes`): a tmpfs, or with ``--fs ext4`` an ext4
+(:func:`~streamapp.tools.bench.disk_scenario.filesystem_bytes`): a tmpfs, or with ``--fs ext4`` an ext4
 file system in a sparse image file, loop-mounted. The bench mounts them and unmounts them (and
 deletes the images) at the end whatever happens (an error, Ctrl-C, SIGTERM). Synthetic cameras play at a steady rate
 (the chaos bench's source) while two faults come one after the other in the middle of the run:
@@ -16,7 +16,7 @@ deletes the images) at the end whatever happens (an error, Ctrl-C, SIGTERM). Syn
 Once a second the bench samples the used bytes of each file system, the join's and the sink's
 own byte gauges, and every process's RSS; it reads the ``joined`` topic as it goes (retention
 deletes old records, so it cannot be read at the end). It writes ``report.json`` and
-``disk.png``; :mod:`streamapp.bench.disk_scenario` holds the verdict.
+``disk.png``; :mod:`streamapp.tools.bench.disk_scenario` holds the verdict.
 """
 
 from __future__ import annotations
