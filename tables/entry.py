@@ -88,11 +88,10 @@ def peek_times(value: bytes) -> tuple[bytes, int, int]:
 
 def check(value: bytes, key: bytes) -> tuple[bytes, int, int]:
     """:func:`peek_times` of an entry from outside this worker (a changelog record under ``key``),
-    after checking that its payload is what its kind holds, read as the join reads it when the
-    entry expires or meets its partner: the wire record of a pending side, every header field and
-    the JPEG's markers (never its pixels), of the frame ``key`` names; nothing for a marker. A
-    record anyone with write access to the changelog crafted could otherwise pass here and fail
-    the join at every restart. Raises :class:`EntryError`."""
+    after checking that its payload is what its kind holds: for a pending side, the record of the
+    frame ``key`` names, read in full as the join will read it (every header field, the JPEG's
+    markers, never its pixels), so that no record anyone may write to the changelog fails the join
+    later, at every restart; nothing for a marker. Raises :class:`EntryError`."""
     kind, deadline_ms, event_ms = peek_times(value)
     payload = cast(bytes, memoryview(value)[HEADER_BYTES:])  # read like bytes
     if kind in EntryKind.PENDING:
