@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from streamapp.worker.outbox import Outbox
     from streamapp.worker.stage import Stage
 
+
+log = logging.getLogger(__name__)
 
 # Records the agent decides at once at most; bytes per batch are the memory plan's (Stage.batch_bytes).
 MAX_BATCH_EVENTS = 1000
@@ -86,6 +89,7 @@ class JoinCounts:
     orphan_results: int = 0
     late_results: int = 0
     duplicates: int = 0
+    unreadable_entries: int = 0
 
     def as_metrics(self) -> dict[str, int]:
         return {f"join_{name}_total": value for name, value in dataclasses.asdict(self).items()}
@@ -112,18 +116,20 @@ class Joiner:
             self.counts.results_in += 1
         key = record.id.join_key()
         waiting = state.get(key)
+        if waiting is not None and waiting.kind == OTHER_SIDE[side]:
+            joined = self._complete(record, waiting)
+            if joined is not None:
+                state.put(key, Entry(EntryKind.JOINED, now_ms + self.marker_ttl_ms))
+                self.counts.joined += 1
+                self.latency.observe(max(0, now_ms - (waiting.deadline_ms - self.ttl_ms)) / 1000)
+                return joined
+            waiting = None  # unreadable: this side waits in its place, for its real partner
         if waiting is None:
             # A waiting result keeps its parsed boxes for this batch; a frame would keep a second
             # copy of its JPEG, outside the batch's byte bound.
             decoded = record if isinstance(record, Detections) else None
             state.put(key, Entry(side, now_ms + self.ttl_ms, raw, event_ms, decoded))
             return None
-        if waiting.kind == OTHER_SIDE[side]:
-            joined = _complete(record, waiting)
-            state.put(key, Entry(EntryKind.JOINED, now_ms + self.marker_ttl_ms))
-            self.counts.joined += 1
-            self.latency.observe(max(0, now_ms - (waiting.deadline_ms - self.ttl_ms)) / 1000)
-            return joined
         if side == EntryKind.RESULT and waiting.kind == EntryKind.EXPIRED:
             self.counts.late_results += 1
         else:
@@ -133,15 +139,36 @@ class Joiner:
     def on_due(self, entry: Entry, now_ms: int) -> tuple[Entry | None, Joined | None]:
         """What replaces an entry at its deadline, and the unmatched frame to emit, if any."""
         if entry.kind == EntryKind.FRAME:
+            try:
+                frame = wire.decode_frame(entry.payload)
+            except wire.WireError as exc:
+                self._unreadable(entry, exc)
+                return None, None
             self.counts.unmatched_frames += 1
-            marker = Entry(EntryKind.EXPIRED, now_ms + self.marker_ttl_ms)
-            return marker, Joined(wire.decode_frame(entry.payload), None)
+            return Entry(EntryKind.EXPIRED, now_ms + self.marker_ttl_ms), Joined(frame, None)
         if entry.kind == EntryKind.RESULT:
             self.counts.orphan_results += 1
         return None, None
 
+    def _complete(self, arrived: Frame | Detections, waiting: Entry) -> Joined | None:
+        """The pair, or None when the waiting side's record cannot be read (counted)."""
+        try:
+            return _pair(arrived, waiting)
+        except wire.WireError as exc:
+            self._unreadable(waiting, exc)
+            return None
 
-def _complete(arrived: Frame | Detections, waiting: Entry) -> Joined:
+    def _unreadable(self, entry: Entry, error: wire.WireError) -> None:
+        """A stored entry the join cannot read (one restored before the changelog check read its
+        whole record): it is dropped, so it never fails the sweep or the batch again."""
+        self.counts.unreadable_entries += 1
+        if self.counts.unreadable_entries == 1:
+            log.warning("join entry of kind %s holds a record the join cannot read (%s); dropped, and so is every "
+                        "further one (counted in join_unreadable_entries_total, not logged)",
+                        entry.kind.decode(), error.reason)
+
+
+def _pair(arrived: Frame | Detections, waiting: Entry) -> Joined:
     if isinstance(arrived, Frame):
         known = waiting.decoded
         return Joined(arrived, known if isinstance(known, Detections) else wire.decode_detections(waiting.payload))

@@ -23,6 +23,7 @@ from typing import cast
 
 from streamapp import wire
 from streamapp.errors import StreamappError
+from streamapp.jpeg import CorruptFrame, check_jpeg
 
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(">BcQQ")
@@ -45,8 +46,6 @@ class EntryKind:
 
 
 OTHER_SIDE = {EntryKind.FRAME: EntryKind.RESULT, EntryKind.RESULT: EntryKind.FRAME}
-# The wire record a pending side's payload must be.
-_PAYLOAD_KIND = {EntryKind.FRAME: wire.Kind.FRAME, EntryKind.RESULT: wire.Kind.DETECTIONS}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,22 +86,33 @@ def peek_times(value: bytes) -> tuple[bytes, int, int]:
     return kind, deadline_ms, event_ms
 
 
-def check(value: bytes) -> tuple[bytes, int, int]:
-    """:func:`peek_times` of an entry from outside this worker (a changelog record), after
-    checking that its payload is what its kind holds: the wire record of a pending side (its
-    prefix and header, not its JPEG), nothing for a marker. Raises :class:`EntryError`."""
+def check(value: bytes, key: bytes) -> tuple[bytes, int, int]:
+    """:func:`peek_times` of an entry from outside this worker (a changelog record under ``key``),
+    after checking that its payload is what its kind holds: for a pending side, the record of the
+    frame ``key`` names, read in full as the join will read it (every header field, the JPEG's
+    markers, never its pixels), so that no record anyone may write to the changelog fails the join
+    later, at every restart; nothing for a marker. Raises :class:`EntryError`."""
     kind, deadline_ms, event_ms = peek_times(value)
-    payload = memoryview(value)[HEADER_BYTES:]
+    payload = cast(bytes, memoryview(value)[HEADER_BYTES:])  # read like bytes
     if kind in EntryKind.PENDING:
         try:
-            found = wire.peek_kind(cast(bytes, payload))  # read like bytes
-        except wire.WireError as exc:
-            raise EntryError(f"join entry of kind {kind.decode()} holds no wire record: {exc}") from None
-        if found != _PAYLOAD_KIND[kind]:
-            raise EntryError(f"join entry of kind {kind.decode()} holds a {found.decode()} record")
+            record_key = _pending_record(kind, payload).id.join_key()
+        except (wire.WireError, CorruptFrame) as exc:
+            raise EntryError(f"join entry of kind {kind.decode()} holds no record the join can read: {exc}") from None
+        if record_key != key:
+            raise EntryError(f"join entry under key {key!r} holds the record of {record_key!r}")
     elif payload:
         raise EntryError(f"join marker of kind {kind.decode()} carries {len(payload)} bytes")
     return kind, deadline_ms, event_ms
+
+
+def _pending_record(kind: bytes, payload: bytes) -> wire.Frame | wire.Detections:
+    """The record a pending side holds, checked as the join checks its input."""
+    if kind == EntryKind.FRAME:
+        frame = wire.decode_frame(payload, view=True)
+        check_jpeg(frame.jpeg, (frame.width, frame.height))
+        return frame
+    return wire.decode_detections(payload)
 
 
 def upgrade_legacy(value: bytes) -> bytes | None:

@@ -340,12 +340,12 @@ class ChangelogHealth:
         if value is None:
             return key, None
         try:
-            check(value)
+            check(value, key)
         except EntryError:
             upgraded = upgrade_legacy(value)
             if upgraded is None:
                 raise
-            check(upgraded)  # raises the error of the record as this layout reads it
+            check(upgraded, key)  # raises the error of the record as this layout reads it
             self.upgraded += 1
             return key, upgraded
         return key, value

@@ -55,6 +55,7 @@ HELP: dict[str, str] = {
     "join_orphan_results_total": "Results dropped because their frame could no longer arrive within the TTL.",
     "join_late_results_total": "Results dropped because their frame had already left unmatched.",
     "join_duplicates_total": "Repeated frames or results dropped at the join.",
+    "join_unreadable_entries_total": "Stored join entries dropped because the join could not read their record.",
     "join_latency_seconds": "Time the first side of a key waited in the join window for the other.",
     "join_state_entries": "Entries in the join window (pending sides and done markers).",
     "join_state_bytes": "Bytes of the entries in the join window.",
@@ -75,7 +76,8 @@ HELP: dict[str, str] = {
     "join_held_let_go_over_bound_total":
         "Records let go without their partner because the held records reached their byte bound.",
     "join_changelog_records_skipped_total":
-        "Join changelog records recovery skipped: malformed, or of an entry format this version does not read.",
+        "Join changelog records recovery skipped: malformed, of an entry format this version does not read, or "
+        "holding a record the join cannot read.",
     "join_changelog_records_upgraded_total":
         "Join changelog records in the entry format before its version byte, read as the current one.",
     "join_recovery_failures_total": "Times a batch of join changelog records could not be written to the store.",

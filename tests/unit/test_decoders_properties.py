@@ -14,12 +14,14 @@ import math
 import struct
 
 import cv2
+import entrycraft
 import numpy as np
 import pytest
 from aiokafka.protocol.fetch import FetchResponse_v4
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from streamapp import wire
+from streamapp.agents.join import Joiner
 from streamapp.imaging import CorruptFrame, decode_frame, decode_jpeg, encode_jpeg, jpeg_size
 from streamapp.jpeg import check_jpeg
 from streamapp.kafka.read import WHOLE_FROM_BYTES, ChunksReader, ResponseChunks, WholeResponseReader, _ResponseIO
@@ -291,12 +293,13 @@ def test_a_frame_whose_jpeg_is_not_the_size_it_claims_is_corrupt():
 
 # --- join entries and changelog records: an entry or EntryError ---------------------------------
 
+KEY = b"cam:1:0"
 DETECTIONS = wire.encode_detections(Detections(FrameId("cam", 1, 0), (), "m", 1.0, 32, 24))
 PAYLOADS = {EntryKind.FRAME: wire.encode_frame(Frame(FrameId("cam", 1, 0), NOW_MS, 32, 24, JPEG)),
             EntryKind.RESULT: DETECTIONS, EntryKind.JOINED: b"", EntryKind.EXPIRED: b""}
 entries = st.builds(lambda kind, deadline, event: Entry(kind, deadline, PAYLOADS[kind], event),
                     st.sampled_from(EntryKind.ALL), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
-ENTRY_DECODERS = {"Entry.decode": Entry.decode, "peek_times": peek_times, "check": check}
+ENTRY_DECODERS = {"Entry.decode": Entry.decode, "peek_times": peek_times, "check": lambda value: check(value, KEY)}
 
 
 class ChangelogMessage:
@@ -331,7 +334,7 @@ def test_any_changelog_record_is_read_or_raises_entry_error(key, value, data):
         assert str(exc)
         return
     assert stored_key == key
-    assert stored is None if value is None else check(stored) is not None
+    assert stored is None if value is None else check(stored, key) is not None
 
 
 @given(entry=entries)
@@ -339,7 +342,7 @@ def test_entries_round_trip_and_carry_their_version_first(entry):
     value = entry.encode()
     assert value[0] == FORMAT_VERSION
     assert Entry.decode(value) == entry
-    assert check(value) == peek_times(value) == (entry.kind, entry.deadline_ms, entry.event_ms)
+    assert check(value, KEY) == peek_times(value) == (entry.kind, entry.deadline_ms, entry.event_ms)
     assert upgrade_legacy(value) is None
 
 
@@ -347,7 +350,7 @@ def test_entries_round_trip_and_carry_their_version_first(entry):
 def test_entries_written_before_the_version_byte_upgrade_to_the_same_entry(entry):
     legacy = entry.encode()[1:]
     assert upgrade_legacy(legacy) == entry.encode()
-    assert ChangelogHealth().readable(ChangelogMessage(b"k", legacy)) == (b"k", entry.encode())
+    assert ChangelogHealth().readable(ChangelogMessage(KEY, legacy)) == (KEY, entry.encode())
 
 
 @given(entry=entries, version=st.integers(0, 255).filter(lambda version: version != FORMAT_VERSION))
@@ -360,10 +363,79 @@ def test_an_entry_of_another_version_is_refused_with_its_version(entry, version)
 @given(data=st.data(), entry=entries)
 def test_truncated_or_corrupted_entries_read_or_raise_entry_error(data, entry):
     value = entry.encode()
-    _reads_or_raises_entry_error(check, value[:data.draw(st.integers(0, len(value)))])
+    _reads_or_raises_entry_error(ENTRY_DECODERS["check"], value[:data.draw(st.integers(0, len(value)))])
     position = data.draw(st.integers(0, len(value) - 1))
     flipped = value[:position] + bytes([value[position] ^ data.draw(st.integers(1, 255))]) + value[position + 1:]
-    _reads_or_raises_entry_error(check, flipped)
+    _reads_or_raises_entry_error(ENTRY_DECODERS["check"], flipped)
+
+
+CRAFTED_FRAME = Frame(FrameId("cam", 1, 0), NOW_MS, 32, 24, JPEG)
+
+
+@pytest.mark.parametrize(("kind", "fault"), entrycraft.ALL_CASES)
+def test_the_check_refuses_a_pending_entry_whose_record_the_join_cannot_use(kind, fault):
+    value = entrycraft.entry(kind, fault, CRAFTED_FRAME, deadline_ms=NOW_MS, event_ms=NOW_MS)
+    with pytest.raises(EntryError, match=f"join entry (of kind {kind.decode()}|under key) "):
+        check(value, KEY)
+    with pytest.raises(EntryError):
+        ChangelogHealth().readable(ChangelogMessage(KEY, value))
+    assert check(Entry(kind, NOW_MS, PAYLOADS[kind], NOW_MS).encode(), KEY)  # the same entry, unspoiled
+
+
+def _spoiled(header: dict, draw) -> dict:
+    """``header`` with a few fields dropped, replaced by any JSON value, or added."""
+    spoiled = dict(header)
+    for _ in range(draw(st.integers(1, 3))):
+        name = draw(st.sampled_from(sorted(header)) | st.text(max_size=8))
+        if draw(st.booleans()):
+            spoiled.pop(name, None)
+        else:
+            spoiled[name] = draw(json_values | st.integers(-1, 3) | stream_ids)
+    return spoiled
+
+
+@st.composite
+def well_formed_pending_entries(draw):
+    """A pending entry, well-formed up to and including its record's prefix and JSON header: the
+    header of the record a frame or result holds, spoiled, or any JSON object; any body."""
+    kind = draw(st.sampled_from(EntryKind.PENDING))
+    good = wire.decode(PAYLOADS[kind])
+    header = json.loads(PAYLOADS[kind][PREFIX.size:PREFIX.size + PREFIX.unpack_from(PAYLOADS[kind])[3]])
+    if draw(st.booleans()):
+        header = _spoiled(header, draw)
+    else:
+        header = draw(st.dictionaries(st.text(max_size=10), json_values, max_size=6))
+    body = draw(st.sampled_from([b"", JPEG, PIXELS_JPEG, b"x", b"\xff\xd8", JPEG[:-2]])
+                if kind == EntryKind.FRAME else st.sampled_from([b"", b"x"]))
+    payload = _record(entrycraft.WIRE_KIND[kind], header, body)
+    return Entry(kind, NOW_MS, payload, NOW_MS).encode(), good
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(crafted=well_formed_pending_entries())
+@example(crafted=(entrycraft.entry(EntryKind.FRAME, "an empty header", CRAFTED_FRAME, deadline_ms=NOW_MS,
+                                   event_ms=NOW_MS), CRAFTED_FRAME))
+def test_a_changelog_entry_the_check_passes_the_join_can_expire_and_complete(crafted):
+    """What the check lets into the store the join must be able to read when the entry expires
+    and when its partner arrives, or the sweep or the batch fails on it at every restart."""
+    value, good = crafted
+    try:
+        check(value, KEY)
+    except EntryError:
+        return
+    entry = Entry.decode(value)
+    join = Joiner(ttl_ms=5_000, marker_ttl_ms=60_000)
+    _, unmatched = join.on_due(entry, NOW_MS)
+    assert unmatched is None or wire.decode_joined(wire.encode_joined(unmatched)).frame.id == good.id
+    partner = DETECTIONS if entry.kind == EntryKind.FRAME else PAYLOADS[EntryKind.FRAME]
+    joined = join.arrive(_DictState({KEY: entry}), wire.decode(partner), partner, event_ms=NOW_MS, now_ms=NOW_MS)
+    assert joined is not None and wire.decode_joined(wire.encode_joined(joined)).frame.id == good.id
+    assert join.counts.unreadable_entries == 0
+
+
+class _DictState(dict):
+    def put(self, key, entry):
+        self[key] = entry
 
 
 # --- recordings: records or RecordingError ------------------------------------------------------

@@ -5,7 +5,9 @@ failure the worker reports; a store in another entry format is refused at start.
 import logging
 import shutil
 
+import entrycraft
 import faust
+import jpegcraft
 import pytest
 from faust.types import TP
 from rocksdict import DbClosedError
@@ -18,7 +20,9 @@ from streamapp.tables.store import FORMAT_FILE, OldStoreFormat
 from streamapp.tables.window import STORE_URL, JoinWindow
 
 TOPIC = "app-join-changelog"
-FRAME = wire.encode_frame(wire.Frame(wire.FrameId("cam", 1, 0), 1_700_000_000_000, 2, 2, b"\xff\xd8jpeg"))
+CAPTURED_MS = 1_700_000_000_000
+JPEG = jpegcraft.flat_grey(16, 16)
+
 
 
 class Message:
@@ -46,8 +50,10 @@ def window(tmp_path):
         partition.close()
 
 
-def frame_entry(deadline=10**13):
-    return Entry(EntryKind.FRAME, deadline, FRAME, 5).encode()
+def frame_entry(deadline=10**13, index=0):
+    """The entry of frame cam:1:<index>, stored under that join key."""
+    frame = wire.Frame(wire.FrameId("cam", 1, index), CAPTURED_MS, 16, 16, JPEG)
+    return Entry(EntryKind.FRAME, deadline, wire.encode_frame(frame), 5).encode()
 
 
 BAD = {
@@ -56,7 +62,7 @@ BAD = {
     "future version": b"\x02" + frame_entry()[1:],
     "unknown kind": b"\x01Q" + frame_entry()[2:],
     "frame without a wire record": Entry(EntryKind.FRAME, 1, b"not a record").encode(),
-    "result holding a frame": Entry(EntryKind.RESULT, 1, FRAME).encode(),
+    "result holding a frame": Entry(EntryKind.RESULT, 1, Entry.decode(frame_entry()).payload).encode(),
     "marker with a payload": Entry(EntryKind.JOINED, 1, b"x").encode(),
     "empty": b"",
 }
@@ -66,7 +72,7 @@ def test_records_it_cannot_read_are_skipped_counted_and_logged_once_per_partitio
     events = [Event(0, 0, b"cam:1:0", frame_entry())]
     for offset, value in enumerate(BAD.values(), start=1):
         events += [Event(0, offset, b"bad:1:%d" % offset, value), Event(1, offset, b"bad:1:%d" % offset, value)]
-    events += [Event(1, 20, None, frame_entry()), Event(1, 21, b"cam:1:1", frame_entry()),
+    events += [Event(1, 20, None, frame_entry()), Event(1, 21, b"cam:1:1", frame_entry(index=1)),
                Event(1, 22, b"cam:1:1", None)]
     with caplog.at_level(logging.WARNING, logger=store_module.__name__):
         window.store.apply_changelog_batch(events, None, None)
@@ -84,6 +90,21 @@ def test_records_it_cannot_read_are_skipped_counted_and_logged_once_per_partitio
     # Recovery resumes after the last record read, skipped or not.
     assert window.store.persisted_offset(TP(TOPIC, 0)) == len(BAD)
     assert window.store.persisted_offset(TP(TOPIC, 1)) == 22
+
+
+def test_entries_holding_a_record_the_join_cannot_use_are_skipped(window):
+    """Well-formed up to their record's JSON header, each under the join key of its own frame."""
+    events = []
+    for offset, (kind, fault) in enumerate(entrycraft.ALL_CASES):
+        frame = wire.Frame(wire.FrameId("crafted", 1, 2 * offset), CAPTURED_MS, 16, 16, JPEG)  # index + 1 is free
+        value = entrycraft.entry(kind, fault, frame, deadline_ms=10**13, event_ms=5)
+        events.append(Event(offset % 2, offset, frame.id.join_key(), value))
+    events.append(Event(0, len(events), b"cam:1:0", frame_entry()))
+    window.store.apply_changelog_batch(events, None, None)
+
+    assert window.store.changelog_health.skipped == len(entrycraft.ALL_CASES)
+    assert window.get(0, b"cam:1:0") == Entry.decode(frame_entry())
+    assert all(window.get(event.message.partition, event.message.key) is None for event in events[:-1])
 
 
 def test_a_future_version_says_which(window, caplog):

@@ -163,7 +163,7 @@ def test_predict_follows_the_joins_decision_on_the_replay_clock():
                 result_record("cam1", 11, 4_000), frame_record("cam1", 0, 4_100)]
     prediction = predict(sorted(records, key=lambda r: r.timestamp_ms), settings, speed=1.0)
     assert prediction.counts == {"frames_in": 12, "results_in": 12, "joined": 10, "unmatched_frames": 1,
-                                 "orphan_results": 1, "late_results": 1, "duplicates": 1}
+                                 "orphan_results": 1, "late_results": 1, "duplicates": 1, "unreadable_entries": 0}
     assert prediction.unmatched == {wire.FrameId("cam1", START, 11)}
     # Twice the speed halves the wait: the late result of frame 11 now makes it.
     faster = predict(sorted(records, key=lambda r: r.timestamp_ms), settings, speed=2.0)
