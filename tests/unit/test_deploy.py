@@ -61,7 +61,7 @@ VALUE_SETS = {
 OAUTH_ENV = {"STREAMAPP_SASL_MECHANISM": "OAUTHBEARER", "STREAMAPP_OAUTH_TOKEN_URL": "https://auth.example.com/token",
              "STREAMAPP_OAUTH_CLIENT_ID": "streamapp",
              "STREAMAPP_OAUTH_CLIENT_SECRET_FILE": "/etc/streamapp/oauth/client-secret"}
-# What an operator sets beside the two value sets (deploy review); each renders, lints and validates.
+# What an operator sets beside the two value sets; each renders, lints and validates.
 VARIANTS = {
     "oauthbearer": (*MANAGED_FILE, "--set", "kafka.saslMechanism=", "--set", "kafka.saslUsername=",
                     "--set-json", f"pipeline.extraEnv={json.dumps(OAUTH_ENV)}",
