@@ -291,8 +291,10 @@ def test_a_mechanism_the_chart_cannot_set_up_is_refused_at_render_time(helm):
     assert "OAUTHBEARER" in said and "pipeline.extraEnv" in said
 
 
-def test_a_missing_password_is_refused_at_render_time(helm):
+def test_a_missing_user_or_password_is_refused_at_render_time(helm):
     assert "kafka.saslPassword is required" in refusal(helm, *MANAGED_FILE)
+    no_user = (*VALUE_SETS["managed-kafka"], "--set", "kafka.saslUsername=")
+    assert "kafka.saslUsername is required" in refusal(helm, *no_user)
 
 
 def test_a_kubernetes_older_than_the_chart_needs_is_refused(helm):
