@@ -583,6 +583,16 @@ def test_infer_s_headroom_holds_the_process_and_yolo_s_measured_buffers():
     assert documented_headroom_mib()["infer"] * MIB >= (baseline + buffers) * 1000**2
 
 
+def test_each_stage_has_its_own_budgets_written_as_whole_numbers(helm, tmp_path):
+    objects = render(helm, "--set", "join.memoryBudgetMiB=1048576", "--set", "join.diskBudgetMiB=2000000",
+                     "--set", "join.volumeSizeMiB=2000064")
+    budgets = {stage_of(worker): settings_of(environment(objects, worker), tmp_path).memory_budget_bytes
+               for worker in workers(objects)}
+    assert budgets == {**dict.fromkeys(STAGES, 1024 * MIB), "join": 1048576 * MIB}
+    join = settings_of(environment(objects, named(objects, "StatefulSet", "-join")), tmp_path)
+    assert join.disk_budget_bytes == 2000000 * MIB
+
+
 def test_a_changed_password_rolls_the_workers(helm):
     def checksums(password: str) -> list[str]:
         objects = render(helm, *VALUE_SETS["managed-kafka"], "--set", f"kafka.saslPassword={password}")

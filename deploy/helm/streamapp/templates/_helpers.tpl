@@ -81,12 +81,6 @@ STREAMAPP_WEB_BIND: "0.0.0.0"
 {{- end }}
 {{- end -}}
 
-{{/* A stage's values: its own, then stageDefaults for what it does not set. (list $ "join") */}}
-{{- define "streamapp.stageValues" -}}
-{{- $ := index . 0 -}}
-{{- toYaml (merge (deepCopy (index $.Values (index . 1))) (deepCopy $.Values.stageDefaults)) -}}
-{{- end -}}
-
 {{/* Memory limit of a worker: its budget plus its stage's headroom (docs/operations.md). */}}
 {{- define "streamapp.memoryLimit" -}}
 {{- add .memoryBudgetMiB .memoryHeadroomMiB }}Mi
@@ -177,7 +171,8 @@ checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256
 {{- define "streamapp.podSpec" -}}
 {{- $ := index . 0 -}}
 {{- $stage := index . 1 -}}
-{{- $values := fromYaml (include "streamapp.stageValues" .) -}}
+{{- /* The stage's own values, then stageDefaults for what it does not set. */}}
+{{- $values := merge (deepCopy (index $.Values $stage)) (deepCopy $.Values.stageDefaults) -}}
 {{- include "streamapp.podCommon" (list $ (include "streamapp.serviceAccountName" $)) | trim }}
 {{- include "streamapp.scheduling" (list $ $values $stage) }}
 terminationGracePeriodSeconds: {{ $values.terminationGracePeriodSeconds }}
