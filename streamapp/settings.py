@@ -42,6 +42,12 @@ PROCESSING_GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)
 TRANSACTION_TIMEOUT_S = 60.0
 # A worker's log lines: Faust's text, or one JSON object per line (streamapp.worker.logs).
 LOG_FORMATS = ("text", "json")
+# A worker's consumer heartbeats this often; its session timeout (STREAMAPP_SESSION_TIMEOUT) spans
+# at least three heartbeats (also brokers' default group.min.session.timeout.ms) and at most
+# Faust's broker request timeout, which Faust does not let it exceed.
+HEARTBEAT_INTERVAL_S = 2.0
+SESSION_TIMEOUT_MIN_S = 3 * HEARTBEAT_INTERVAL_S
+SESSION_TIMEOUT_MAX_S = 90.0
 
 
 class SettingsError(UsageError, ValueError):
@@ -299,6 +305,8 @@ class Settings:
     # Static consumer-group membership: a worker restarted within the session timeout takes its
     # partitions back at once, without a rebalance (see docs/operations.md for the trade-off).
     static_membership: bool = True
+    # How long the group waits for a worker that stopped answering before its partitions move on.
+    session_timeout_s: float = 10.0
     # Latest annotated frame per stream kept for the sink's live preview page; 0 turns it off.
     preview_bytes: int = 32 * 1024**2
     log_format: str = "text"
@@ -355,6 +363,9 @@ class Settings:
         _require(self.transaction_interval_s < TRANSACTION_TIMEOUT_S,
                  f"STREAMAPP_TRANSACTION_INTERVAL must be shorter than the transaction timeout "
                  f"({TRANSACTION_TIMEOUT_S:g}s), e.g. 100ms; 0ms commits every batch")
+        _require(SESSION_TIMEOUT_MIN_S <= self.session_timeout_s <= SESSION_TIMEOUT_MAX_S,
+                 f"STREAMAPP_SESSION_TIMEOUT must be {SESSION_TIMEOUT_MIN_S:g}s to {SESSION_TIMEOUT_MAX_S:g}s: "
+                 f"at least three heartbeats, at most the consumer's request timeout")
         _require(self.log_format in LOG_FORMATS, f"STREAMAPP_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
 
     def check_worker(self) -> None:
@@ -543,6 +554,7 @@ _ENV = {
     "transaction_interval_s": ("STREAMAPP_TRANSACTION_INTERVAL", _duration),
     "replication_factor": ("STREAMAPP_REPLICATION_FACTOR", _int),
     "static_membership": ("STREAMAPP_STATIC_MEMBERSHIP", _bool),
+    "session_timeout_s": ("STREAMAPP_SESSION_TIMEOUT", _duration),
     "preview_bytes": ("STREAMAPP_PREVIEW_BYTES", _size),
     "log_format": ("STREAMAPP_LOG_FORMAT", _text),
 }

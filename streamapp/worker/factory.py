@@ -25,7 +25,7 @@ from streamapp.kafka.monitor import faust_monitor
 from streamapp.kafka.producer import KeyPartitioner
 from streamapp.kafka.transactions import Transactions
 from streamapp.kafkasecurity import broker_credentials
-from streamapp.settings import EXACTLY_ONCE, Settings
+from streamapp.settings import EXACTLY_ONCE, HEARTBEAT_INTERVAL_S, Settings
 from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
 from streamapp.worker import health, logs, webport
@@ -156,9 +156,9 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         stream_wait_empty=False,
         # A worker restarted within the session timeout rejoins as the same static member
         # (on_first_start) and gets its partitions back without a rebalance; one that stays
-        # down loses them after 10 s (Faust's default is 60 s).
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=2.0,
+        # down loses them after it (10 s by default; Faust's default is 60 s).
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=HEARTBEAT_INTERVAL_S,
         # Every write waits for all in-sync copies (min.insync.replicas on a cluster).
         producer_acks=-1,
         # Under exactly-once, Faust's transaction manager is streamapp.kafka.transactions'.

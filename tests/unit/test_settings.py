@@ -106,6 +106,9 @@ def test_defaults_are_valid_and_empty_environment_gives_defaults():
     ("STREAMAPP_YOLO_NMS", "half"),
     ("STREAMAPP_INFER_BATCH", "0"),
     ("STREAMAPP_STATIC_MEMBERSHIP", "maybe"),
+    ("STREAMAPP_SESSION_TIMEOUT", "45"),
+    ("STREAMAPP_SESSION_TIMEOUT", "5s"),
+    ("STREAMAPP_SESSION_TIMEOUT", "2min"),
 ])
 def test_bad_values_are_rejected_with_the_variable_name(variable, value):
     with pytest.raises(SettingsError) as info:
@@ -148,7 +151,7 @@ def test_a_customised_settings_round_trips_through_the_environment():
         disk_reserve_bytes=8 * 1024**2, data_dir=Path("/var/lib/streamapp"), out_dir=Path("results"),
         web_port=6067, resize_width=640, resize_height=480, jpeg_quality=75, detector="yolo",
         yolo_input=320, yolo_confidence=0.4, yolo_nms=0.5, yolo_classes=("person", "traffic light"),
-        infer_batch=8, static_membership=False,
+        infer_batch=8, static_membership=False, session_timeout_s=45.0,
     )
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings.from_env(Settings().to_env()) == Settings()
