@@ -114,7 +114,8 @@ def test_without_a_token_on_loopback_every_documented_route_answers_and_nothing_
 
 @pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.1.2.3", "worker-0.example"])
 def test_beyond_loopback_without_a_token_frames_and_stats_are_not_served(bind):
-    private = [(path, {}) for path in ("/preview/", "/preview/streams.json", "/preview/frame/cam1", "/streamapp/stats/")]
+    paths = ("/preview/", "/preview/streams.json", "/preview/frame/cam1", "/streamapp/stats/")
+    private = [(path, {}) for path in paths]
     assert _statuses("", *private, bind=bind) == [404] * 4
     assert _statuses("", ("/metrics", {}), ("/healthz", {}), ("/readyz", {}), bind=bind) == [200] * 3
     bearer = {"Authorization": f"Bearer {TOKEN}"}
