@@ -29,7 +29,7 @@ DROP_OLDEST = "drop-oldest"
 OVERLOAD_POLICIES = (BACKPRESSURE, DROP_OLDEST)
 # The part of the memory budget one decoded frame may take (the JPEG's own header says its cost).
 DECODED_FRAME_SHARE = 16
-_TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
+_TOPIC_PREFIX = re.compile(r"[A-Za-z0-9_.-]{0,100}")
 _TOKEN = re.compile(r"[!-~]*")
 
 
@@ -310,7 +310,7 @@ class Settings:
             raise SettingsError(
                 f"STREAMAPP_STAGES: unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}"
             )
-        if not _TOPIC_PREFIX.match(self.topic_prefix):
+        if not _TOPIC_PREFIX.fullmatch(self.topic_prefix):
             raise SettingsError(f"STREAMAPP_TOPIC_PREFIX: {self.topic_prefix!r} is not a valid topic prefix")
         # Kafka takes no credentials in its bootstrap servers; the value is not echoed, it would show them.
         _require("@" not in self.broker, "STREAMAPP_BROKER holds credentials (user:password@): give them as "
