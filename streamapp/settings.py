@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 import math
 import os
 import re
@@ -64,6 +65,16 @@ class Secret:
         return "Secret('***')"
 
     __str__ = __repr__
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address or a name, IPv6 with or without brackets) is this host only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 MALFORMED_URL = "<a malformed URL>"
@@ -171,6 +182,11 @@ class KafkaSecurity:
             shown = shown_url(self.token_url)
             _require(self.token_url.startswith(("https://", "http://")) and shown != MALFORMED_URL,
                      f"STREAMAPP_OAUTH_TOKEN_URL={shown!r} is not an http(s) URL")
+            # The client secret goes in the request: in clear text only to this host.
+            _require(self.token_url.startswith("https://")
+                     or is_loopback(urllib.parse.urlsplit(self.token_url).hostname or ""),
+                     f"STREAMAPP_OAUTH_TOKEN_URL={shown!r} is plain http to another host, which would send the "
+                     "client secret in clear text: use its https:// URL")
             _require("@" not in urllib.parse.urlsplit(self.token_url).netloc,
                      f"STREAMAPP_OAUTH_TOKEN_URL={shown!r} holds credentials before its host: give them as "
                      "STREAMAPP_OAUTH_CLIENT_ID and STREAMAPP_OAUTH_CLIENT_SECRET(_FILE) instead")

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 from collections.abc import Awaitable, Callable
 
 import yarl
 from aiohttp import web
+
+from streamapp.settings import is_loopback
 
 # Answered without the token: an orchestrator's probes carry none.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -34,16 +35,6 @@ COOKIE = "streamapp_token"
 TOKEN_SETTINGS = "STREAMAPP_WEB_TOKEN or STREAMAPP_WEB_TOKEN_FILE"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def is_loopback(host: str) -> bool:
-    """``host`` (an address or a name, IPv6 with or without brackets) is this host only."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def private_routes_off(bind: str, token: str) -> bool:

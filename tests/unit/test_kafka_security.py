@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import re
 import ssl
 import threading
@@ -46,6 +47,10 @@ OAUTH = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": 
     ({**SCRAM, "STREAMAPP_SASL_PASSWORD": ""}, "SCRAM-SHA-512 needs STREAMAPP_SASL_PASSWORD"),
     ({**OAUTH, "STREAMAPP_OAUTH_CLIENT_SECRET": ""}, "OAUTHBEARER needs STREAMAPP_OAUTH_CLIENT_SECRET"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "file:///etc/passwd"}, "is not an http(s) URL"),
+    ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "http://login.example/token?k=hunter4"},
+     "TOKEN_URL='http://login.example/token?k=***' is plain http to another host, which would send the client "
+     "secret in clear text: use its https:// URL"),
+    ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "http://127.0.0.1.nip.example/token"}, "is plain http to another host"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "https://[login.example/token"}, "'<a malformed URL>' is not an http"),
     ({"STREAMAPP_BROKER": "kafka://me:hunter2@broker:9092"}, "STREAMAPP_BROKER holds credentials (user:password@)"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "https://me:hunter3@login.example/token?k=hunter4"},
@@ -207,18 +212,32 @@ def test_a_tls_alert_about_the_client_certificate_names_the_settings_to_check(tm
 
 class TokenEndpoint:
     """A real OAuth 2 token endpoint on a free local port: client ``streamapp`` with secret
-    ``s3cret``; each token is ``token-<n>``, valid ``lifetime_s``."""
+    ``s3cret``; each token is ``token-<n>``, valid ``lifetime_s``. ``failing``: it answers 503;
+    ``redirect_to``: it answers 302 to there. Every request, of any method, is kept."""
 
     def __init__(self, lifetime_s: float = 3600) -> None:
         self.lifetime_s = lifetime_s
         self.requests: list[dict] = []
+        self.failing = False
+        self.redirect_to: str | None = None
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                endpoint.requests.append({"method": "GET", "auth": self.headers.get("Authorization")})
+                self.send_response(405)
+                self.end_headers()
+
             def do_POST(self) -> None:
                 form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
                 auth = base64.b64decode(self.headers.get("Authorization", "Basic ").split()[-1]).decode()
                 endpoint.requests.append({**form, "auth": auth})
+                if endpoint.redirect_to or endpoint.failing:
+                    self.send_response(302 if endpoint.redirect_to else 503)
+                    if endpoint.redirect_to:
+                        self.send_header("Location", endpoint.redirect_to)
+                    self.end_headers()
+                    return
                 if auth != "streamapp:s3cret" or form.get("grant_type") != "client_credentials":
                     self.send_response(401, "Unauthorized")
                     self.end_headers()
@@ -272,6 +291,40 @@ def test_the_token_provider_refreshes_at_80_percent_of_the_lifetime(token_endpoi
     assert tokens.fetches == 2
 
 
+def test_a_refresh_that_fails_keeps_the_valid_token_and_only_an_expired_one_fails(token_endpoint, caplog):
+    token_endpoint.lifetime_s = 2.0
+    tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("s3cret"))
+    assert asyncio.run(tokens.token()) == "token-1"
+    token_endpoint.failing = True
+    time.sleep(1.7)  # past 80 % of its life, not past its end
+    with caplog.at_level(logging.WARNING, logger="streamapp.kafkasecurity"):
+        assert asyncio.run(tokens.token()) == "token-1"
+    [warning] = caplog.records
+    assert "HTTP 503" in warning.getMessage() and "the current token, valid " in warning.getMessage()
+    time.sleep(0.4)  # expired now
+    with pytest.raises(TokenEndpointError, match="HTTP 503"):
+        asyncio.run(tokens.token())
+    token_endpoint.failing = False
+    assert asyncio.run(tokens.token()) == "token-4"
+
+
+def test_a_redirect_is_not_followed_so_the_client_secret_goes_nowhere_else(token_endpoint):
+    elsewhere = TokenEndpoint()
+    try:
+        token_endpoint.redirect_to = f"{elsewhere.url}?code=hunter6"
+        tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("s3cret"))
+        with pytest.raises(TokenEndpointError) as redirected:
+            asyncio.run(tokens.token())
+        assert elsewhere.requests == []
+    finally:
+        elsewhere.close()
+    message = str(redirected.value)
+    port = urllib.parse.urlsplit(elsewhere.url).port
+    assert f"gave client 'streamapp' no token: HTTP 302, a redirect to 127.0.0.1:{port} — tokens are not fetched " \
+           "across redirects" in message
+    assert "hunter6" not in message and "s3cret" not in message and message.count("\n") == 0
+
+
 def test_a_refused_client_is_one_line_naming_the_endpoint_and_client_not_the_secret(token_endpoint):
     tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("wrong-secret"))
     with pytest.raises(TokenEndpointError) as refused:
@@ -302,6 +355,12 @@ def test_the_token_endpoints_error_shows_its_url_without_the_query_token(token_e
         asyncio.run(tokens.token())
     assert f"the OAuth token endpoint {token_endpoint.url}?api-key=*** gave client 'streamapp' no token: HTTP 401" \
         in str(refused.value) and "hunter5" not in str(refused.value)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080/token", "http://localhost/token", "http://[::1]:80/t",
+                                 "https://login.example/token"])
+def test_a_token_url_is_https_or_on_this_host(url):
+    assert Settings.from_env({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": url}).security.token_url == url
 
 
 def test_oauthbearer_settings_give_every_client_one_shared_token_provider():
