@@ -447,9 +447,12 @@ def test_a_secured_broker_takes_sasl_ssl_clients_only_advertised_as_localhost(tm
     assert props["advertised.listeners"] == "SASL_SSL://localhost:19092"
     assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
     assert props["inter.broker.listener.name"] == "SASL_SSL"
-    assert props["sasl.enabled.mechanisms"] == props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,PLAIN"
+    assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
     jaas = props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
     assert f'username="admin" password="{broker.security.password(ADMIN)}";' in jaas
+    plain = props["listener.name.sasl_ssl.plain.sasl.jaas.config"]
+    assert f'user_pipeline="{broker.security.password(PIPELINE)}";' in plain
     assert props["ssl.keystore.type"] == props["ssl.truststore.type"] == "PEM"
     assert props["ssl.keystore.location"] == broker.security.keystore_file
     assert "authorizer.class.name" not in props
@@ -532,7 +535,7 @@ def test_oauth_adds_oauthbearer_checked_by_the_endpoints_keys_issuer_and_audienc
     security.ensure()
     security.token_endpoint.port_file.write_text("18080\n")
     props = LocalBroker(tmp_path, 19092, security=security).properties(controller_port=19093)
-    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,OAUTHBEARER"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,PLAIN,OAUTHBEARER"
     assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
     prefix = "listener.name.sasl_ssl.oauthbearer."
     assert props[f"{prefix}sasl.server.callback.handler.class"] == (

@@ -29,6 +29,7 @@ from streamapp.errors import (
     HostnameMismatch,
     MechanismRefused,
 )
+from streamapp.kafka import client as kafkaclient
 from streamapp.kafkasecurity import ClientCredentialsTokens, TokenEndpointError
 from streamapp.settings import Secret, Settings, SettingsError, shown_url
 
@@ -368,3 +369,21 @@ def test_oauthbearer_settings_give_every_client_one_shared_token_provider():
     second = kafkasecurity.client_options(Settings.from_env(OAUTH))["sasl_oauth_token_provider"]
     assert isinstance(first, ClientCredentialsTokens) and first is second
 
+
+
+def test_aiokafkas_debug_log_shows_sasl_exchanges_without_their_bytes(caplog):
+    """The OAUTHBEARER token as aiokafka's connection logs its request and the broker's answer
+    (the PLAIN password against a real broker: tests/integration/test_secure_broker.py)."""
+    from aiokafka.protocol.admin import SaslAuthenticateRequest_v1, SaslAuthenticateResponse_v1
+
+    kafkaclient.install()
+    request = SaslAuthenticateRequest_v1(b"n,,\x01auth=Bearer tok-hunter7\x01\x01")
+    answer = SaslAuthenticateResponse_v1(0, None, b"tok-hunter7", 60_000)
+    with caplog.at_level(logging.DEBUG, logger="aiokafka.conn"):
+        logging.getLogger("aiokafka.conn").debug("Request to %s:%d %d: %s", "localhost", 9093, 7, request)
+        logging.getLogger("aiokafka.conn").debug("Response from %s:%d %d: %s", "localhost", 9093, 7, answer)
+        logging.getLogger("aiokafka.conn").debug("Request to %s:%d %d: %s", "localhost", 9093, 8, "Metadata")
+    assert [record.getMessage() for record in caplog.records] == [
+        "Request to localhost:9093 7: SaslAuthenticateRequest_v1(***)",
+        "Response from localhost:9093 7: SaslAuthenticateResponse_v1(***)",
+        "Request to localhost:9093 8: Metadata"]
