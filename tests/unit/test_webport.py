@@ -187,3 +187,17 @@ def test_a_worker_says_at_start_what_it_ignores_and_does_not_serve(tmp_path, mon
     assert ignored.startswith("ignoring BROKER_URL, WEB_BIND: Faust's own settings")
     assert not_served.startswith("the web port listens on 0.0.0.0 without a token, so it does not serve /preview/")
     assert "STREAMAPP_WEB_TOKEN or STREAMAPP_WEB_TOKEN_FILE" in not_served
+
+
+def test_a_stream_without_a_frame_is_a_404_no_browser_takes_for_anything_but_text(tmp_path):
+    app = _app(tmp_path)
+    app.web.init_server()
+
+    async def answer():
+        async with TestClient(TestServer(app.web.web_app)) as client:
+            response = await client.get("/preview/frame/%3Cscript%3E")
+            return response.status, response.headers
+
+    status, headers = asyncio.run(answer())
+    assert status == 404 and headers["Content-Type"].startswith("text/plain")
+    assert headers["X-Content-Type-Options"] == "nosniff"
