@@ -707,6 +707,18 @@ def test_the_token_endpoint_grants_rs256_tokens_its_jwks_verifies_and_refuses_a_
         with pytest.raises(TokenEndpointError, match="gave client 'pipeline' no token: HTTP 401"):
             asyncio.run(ClientCredentialsTokens(endpoint.token_url, PIPELINE, Secret("wrong")).token())
         assert secret.value not in endpoint.log_file.read_text() and token not in endpoint.log_file.read_text()
+        # A length it will not read is refused at once (a negative one would wait for the connection's end).
+        assert [first_line_of_answer(endpoint.port, length) for length in ("-5", "x", str(64 * 1024 + 1))] == \
+            ["HTTP/1.0 400 Bad Request"] * 3
     finally:
         endpoint.stop()
     assert endpoint.running_pid() is None
+
+
+def first_line_of_answer(port: int, content_length: str) -> str:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(f"POST /oauth2/token HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           f"Content-Length: {content_length}\r\n\r\n".encode())
+        return connection.makefile("rb").readline().decode().strip()

@@ -399,7 +399,8 @@ class LocalBroker:
         )
         if proc.returncode != 0:
             log_file = self.data_dir / "format.log"
-            log_file.write_text(proc.stdout + proc.stderr)
+            # Owner-only: the tool's output may echo its arguments, the SCRAM passwords among them.
+            write_private(log_file, (proc.stdout + proc.stderr).encode())
             raise BrokerError(f"formatting the Kafka log dir {self.log_dirs} failed",
                               f"the storage tool's output is in {log_file}")
         self.cluster_id_file.write_text(cluster_id + "\n")

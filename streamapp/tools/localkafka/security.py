@@ -56,6 +56,8 @@ class BrokerSecurity:
     controllers, and the ``pipeline`` user granted what these settings' pipeline needs.
     ``plaintext_port``: a PLAINTEXT listener on 127.0.0.1 beside it, for local tools whose own
     TLS would share the machine with what they measure (the join benchmark's load and reader).
+    Its clients are ``User:ANONYMOUS``, a super user with ACLs on (the controller listener's
+    principal too), so any process on this machine that reaches that port passes every ACL.
     ``mode``: the client listener, SASL_SSL or mutual TLS (:data:`SECURITY_MODES`). ``oauth``
     (SASL_SSL only): the listener also takes OAUTHBEARER tokens of a local endpoint, valid
     ``token_lifetime_s``; a connection's session ends when its token expires, so a client
