@@ -433,6 +433,20 @@ def test_users_are_created_at_format_time_with_scram_sha_512(tmp_path):
     ]
 
 
+def test_the_scram_passwords_never_reach_the_storage_tools_command_line(tmp_path):
+    broker = secured(tmp_path)
+    # A java that keeps its command line and the argument file it names.
+    java = tmp_path / "java"
+    java.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$0.argv"\n'
+                    'for a; do last=$a; done\ncat "${last#@}" > "$0.file"\n')
+    java.chmod(0o700)
+    broker._format(str(java), tmp_path / "libs", "cluster-id")
+    argv, argument_file = (tmp_path / "java.argv").read_text(), (tmp_path / "java.file").read_text()
+    assert all(broker.security.password(user) not in argv for user in USERS)
+    assert f'"SCRAM-SHA-512=[name=pipeline,password={broker.security.password(PIPELINE)}]"' in argument_file
+    assert argv.splitlines()[-1] == f"@{tmp_path / 'format.args'}" and not (tmp_path / "format.args").exists()
+
+
 def secured(tmp_path, port=19092, acls_for=None) -> LocalBroker:
     security = BrokerSecurity(tmp_path / "security", acls_for)
     security.ensure()
