@@ -14,6 +14,7 @@ import asyncio
 import base64
 import functools
 import json
+import logging
 import ssl
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka.abc import AbstractTokenProvider
 
-from streamapp.errors import ExitCode, StreamappError
+from streamapp.errors import ExitCode, StreamappError, one_line
 from streamapp.settings import KafkaSecurity, Secret, Settings, SettingsError, shown_url
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 REFRESH_AT = 0.8
 # Lifetime assumed when the endpoint does not say (expires_in is only RECOMMENDED by RFC 6749).
 DEFAULT_TOKEN_LIFETIME_S = 300.0
+# After a failed refresh, the token still valid is used and a new one asked for again this much later.
+REFRESH_RETRY_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 class TokenEndpointError(StreamappError, RuntimeError):
@@ -43,12 +48,25 @@ class TokenEndpointError(StreamappError, RuntimeError):
     exit_code = ExitCode.AUTH_FAILED
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: urllib would send the client secret's Authorization header on to
+    wherever the endpoint points, another host or plain http included."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises the redirect as an HTTPError
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 class ClientCredentialsTokens(AbstractTokenProvider):
     """OAUTHBEARER tokens from ``url`` by the OAuth 2 client-credentials grant (RFC 6749 4.4).
 
     One token serves every connection until REFRESH_AT of its lifetime; the fetch runs on a
     thread (urllib), under a lock, so clients on different event loops (the worker's output
-    thread) share it and fetch it once."""
+    thread) share it and fetch it once. A refresh that fails while the token is still valid
+    logs a warning and keeps it, asking again REFRESH_RETRY_S later: only with no valid token
+    does a failed fetch raise."""
 
     def __init__(self, url: str, client_id: str, secret: Secret, scope: str | None = None, *,
                  timeout_s: float = 10.0) -> None:
@@ -61,6 +79,7 @@ class ClientCredentialsTokens(AbstractTokenProvider):
         self._lock = threading.Lock()
         self._token: str | None = None
         self._refresh_at = 0.0
+        self._expires_at = 0.0
 
     async def token(self) -> str:
         if self._token is not None and time.monotonic() < self._refresh_at:
@@ -69,12 +88,21 @@ class ClientCredentialsTokens(AbstractTokenProvider):
 
     def _fresh_token(self) -> str:
         with self._lock:
-            if self._token is None or time.monotonic() >= self._refresh_at:
-                fetched_at = time.monotonic()
+            now = time.monotonic()
+            if self._token is not None and now < self._refresh_at:
+                return self._token
+            try:
                 token, lifetime_s = self._fetch()
-                self._token, self._refresh_at = token, fetched_at + REFRESH_AT * lifetime_s
-                self.fetches += 1
-            return self._token
+            except TokenEndpointError as exc:
+                if self._token is None or now >= self._expires_at:
+                    raise
+                self._refresh_at = min(now + REFRESH_RETRY_S, self._expires_at)
+                log.warning("%s; the current token, valid %.0f s more, is kept and a new one asked for in %.0f s",
+                            one_line(exc), self._expires_at - now, self._refresh_at - now)
+                return self._token
+            self._token, self._refresh_at, self._expires_at = token, now + REFRESH_AT * lifetime_s, now + lifetime_s
+            self.fetches += 1
+            return token
 
     def _fetch(self) -> tuple[str, float]:
         form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}
@@ -88,9 +116,13 @@ class ClientCredentialsTokens(AbstractTokenProvider):
         what = f"the OAuth token endpoint {shown_url(self.url)} gave client {self.client_id!r} no token"
         try:
             # An http(s) URL: KafkaSecurity checks it.
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
                 body = json.loads(response.read(1024**2))
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise TokenEndpointError(f"{what}: HTTP {exc.code}, a redirect to {self._host_of(exc.headers)}",
+                                         "tokens are not fetched across redirects: set STREAMAPP_OAUTH_TOKEN_URL to "
+                                         "the endpoint itself") from None
             raise TokenEndpointError(f"{what}: HTTP {exc.code} {exc.reason}", fix) from None
         except (OSError, ValueError) as exc:
             raise TokenEndpointError(f"{what}: {exc}", fix) from None
@@ -100,6 +132,15 @@ class ClientCredentialsTokens(AbstractTokenProvider):
         lifetime = body.get("expires_in", DEFAULT_TOKEN_LIFETIME_S)
         known = isinstance(lifetime, int | float) and lifetime > 0
         return token, float(lifetime) if known else DEFAULT_TOKEN_LIFETIME_S
+
+
+    def _host_of(self, headers: Any) -> str:
+        """The host and port a redirect's Location names (its path and query may hold secrets)."""
+        try:
+            location = urllib.parse.urlsplit(urllib.parse.urljoin(self.url, headers.get("Location", "")))
+            return f"{location.hostname}:{location.port}" if location.port else str(location.hostname)
+        except ValueError:
+            return "a malformed Location"
 
 
 @functools.cache

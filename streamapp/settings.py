@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 import math
 import os
 import re
@@ -29,7 +30,7 @@ DROP_OLDEST = "drop-oldest"
 OVERLOAD_POLICIES = (BACKPRESSURE, DROP_OLDEST)
 # The part of the memory budget one decoded frame may take (the JPEG's own header says its cost).
 DECODED_FRAME_SHARE = 16
-_TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{0,100}$")
+_TOPIC_PREFIX = re.compile(r"[A-Za-z0-9_.-]{0,100}")
 _TOKEN = re.compile(r"[!-~]*")
 
 
@@ -70,6 +71,16 @@ class Secret:
         return "Secret('***')"
 
     __str__ = __repr__
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address or a name, IPv6 with or without brackets) is this host only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 MALFORMED_URL = "<a malformed URL>"
@@ -177,6 +188,11 @@ class KafkaSecurity:
             shown = shown_url(self.token_url)
             _require(self.token_url.startswith(("https://", "http://")) and shown != MALFORMED_URL,
                      f"STREAMAPP_OAUTH_TOKEN_URL={shown!r} is not an http(s) URL")
+            # The client secret goes in the request: in clear text only to this host.
+            _require(self.token_url.startswith("https://")
+                     or is_loopback(urllib.parse.urlsplit(self.token_url).hostname or ""),
+                     f"STREAMAPP_OAUTH_TOKEN_URL={shown!r} is plain http to another host, which would send the "
+                     "client secret in clear text: use its https:// URL")
             _require("@" not in urllib.parse.urlsplit(self.token_url).netloc,
                      f"STREAMAPP_OAUTH_TOKEN_URL={shown!r} holds credentials before its host: give them as "
                      "STREAMAPP_OAUTH_CLIENT_ID and STREAMAPP_OAUTH_CLIENT_SECRET(_FILE) instead")
@@ -318,7 +334,7 @@ class Settings:
             raise SettingsError(
                 f"STREAMAPP_STAGES: unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}"
             )
-        if not _TOPIC_PREFIX.match(self.topic_prefix):
+        if not _TOPIC_PREFIX.fullmatch(self.topic_prefix):
             raise SettingsError(f"STREAMAPP_TOPIC_PREFIX: {self.topic_prefix!r} is not a valid topic prefix")
         # Kafka takes no credentials in its bootstrap servers; the value is not echoed, it would show them.
         _require("@" not in self.broker, "STREAMAPP_BROKER holds credentials (user:password@): give them as "

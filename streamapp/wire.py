@@ -38,7 +38,7 @@ _PREFIX = struct.Struct(">2sBcI")  # magic, version, kind, header length
 MAX_HEADER_BYTES = 64 * 1024
 MAX_FRAME_INDEX = 2**40  # 2,300 years at 15 fps
 MAX_EPOCH = 2**53
-_STREAM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_STREAM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_DIMENSION = 16384
 # Capture timestamps outside 2000-01-01 .. 2200-01-01 are nonsense, not clock skew.
 MIN_TIMESTAMP_MS = 946_684_800_000
@@ -77,7 +77,7 @@ class FrameId:
 
 
 def parse_stream_id(raw: str) -> str:
-    if not _STREAM_ID.match(raw):
+    if not _STREAM_ID.fullmatch(raw):
         raise ValueError(
             f"stream id {raw!r} must be 1-64 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
     return raw

@@ -2,13 +2,14 @@
 Kafka (workers, the ``streamapp`` command, the benchmark's copy): responses read whole
 (:mod:`streamapp.kafka.read`), produce requests written unjoined (:mod:`streamapp.kafka.write`),
 record batch checksums by the processor's CRC instruction (:mod:`streamapp.kafka.crc`). The bytes
-on the wire are aiokafka's either way."""
+on the wire are aiokafka's either way. Its debug log shows no SASL credentials
+(:mod:`streamapp.kafka.sasllog`)."""
 
 from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
 
-from streamapp.kafka import crc as kafkacrc, read as kafkaread, seams, write as kafkawrite
+from streamapp.kafka import crc as kafkacrc, read as kafkaread, sasllog, seams, write as kafkawrite
 
 
 def install() -> None:
@@ -18,6 +19,7 @@ def install() -> None:
     kafkaread.install()
     kafkawrite.install()
     kafkacrc.install()
+    sasllog.install()
 
 
 async def learn_topics(consumer: AIOKafkaConsumer) -> None:

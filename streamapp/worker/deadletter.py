@@ -44,6 +44,7 @@ class DeadLetters:
     async def send(self, event: EventT, *, stage: str, reason: str) -> None:
         """Dead-letter ``event``: exactly one record, whatever the record is (R11)."""
         message = event.message
+        reason = short(reason)
         log.warning("dead-lettered %s[%d]@%d in %s: %s",
                     message.topic, message.partition, message.offset, stage, reason,
                     extra={"topic": message.topic, "partition": message.partition, "offset": message.offset})
@@ -57,7 +58,7 @@ class DeadLetters:
             # Our headers pushed a record at the size limit over it: keep why and where it came
             # from, the original stays at its source offset until retention.
             await sender.send(name, message.key, b"", None, None, headers + [
-                ("original_dropped", f"{len(message.value or b'')} bytes: {exc}".encode()[:MAX_REASON_BYTES]),
+                ("original_dropped", short(f"{len(message.value or b'')} bytes: {exc}").encode()),
             ])
         self.metrics.inc(f"{stage}_dead_lettered_total")
 
@@ -84,9 +85,15 @@ class DeadLetters:
             return None
 
 
+def short(reason: str) -> str:
+    """``reason`` cut to MAX_REASON_BYTES in UTF-8 (a character cut in two is left out), for the
+    header and the log line alike: a hostile record's header values can make it 64 KiB long."""
+    return reason.encode()[:MAX_REASON_BYTES].decode(errors="ignore")
+
+
 def dead_letter_headers(stage: str, reason: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
     return [
-        ("reason", reason.encode()[:MAX_REASON_BYTES]),
+        ("reason", short(reason).encode()),
         ("stage", stage.encode()),
         ("source_topic", topic.encode()),
         ("source_partition", str(partition).encode()),

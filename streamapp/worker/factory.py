@@ -14,7 +14,10 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import NoReturn, cast
+
+from faust.types.settings import Settings as FaustSettings
 
 from streamapp import topics as topic_defs
 from streamapp.errors import StreamappError, one_line
@@ -78,8 +81,19 @@ class StreamApp(KafkaApp):
             exit_with(exc)
         if created:
             log.info("created topics: %s", ", ".join(created))
+        self._log_what_is_not_used()
         self.producer.buffer.max_messages = self.memory_plan.send_buffer_bytes
         await super().on_first_start()
+
+    def _log_what_is_not_used(self) -> None:
+        """One line each: Faust's own environment variables that are set and ignored, and the
+        routes a port beyond loopback without a token does not serve."""
+        ignored = faust_variables(os.environ)
+        if ignored:
+            log.warning("ignoring %s: Faust's own settings, which a worker takes only from STREAMAPP_* "
+                        "variables (docs/operations.md, Settings)", ", ".join(ignored))
+        if webport.private_routes_off(self.conf.web_bind, self.streamapp_settings.web_token):
+            log.warning("%s", webport.private_routes_note(self.conf.web_bind))
 
     async def on_started(self) -> None:
         await super().on_started()
@@ -114,6 +128,12 @@ _MIN_BUFFER_RECORDS = 32
 POLL_RECORDS = 1000
 
 
+def faust_variables(env: Mapping[str, str]) -> list[str]:
+    """The environment variables of Faust's settings that ``env`` sets."""
+    return sorted(param.env_name for param in FaustSettings.SETTINGS.values()
+                  if param.env_name is not None and param.env_name in env)
+
+
 def buffer_records(settings: Settings) -> int:
     return max(_MIN_BUFFER_RECORDS, settings.memory_budget_bytes // 4 // _BUFFERED_RECORD_BYTES)
 
@@ -134,7 +154,8 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         datadir=str(settings.data_dir),
         web_port=settings.web_port,
         web_bind=settings.web_bind,
-        web_application_options={"middlewares": [webport.guard(settings.web_token)]},
+        web_transport="tcp://",
+        web_application_options={"middlewares": [webport.guard(settings.web_token, lambda: app.conf.web_bind)]},
         # Faust's own routes off: its tables would show the join's waiting frames (R21).
         web_router_enabled=False, web_tables_enabled=False, web_graph_enabled=False, web_stats_enabled=False,
         web_metrics_enabled=False,
@@ -164,6 +185,9 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         # Under exactly-once, Faust's transaction manager is streamapp.kafka.transactions'.
         processing_guarantee=settings.processing_guarantee,
         TableManager=PromptTableManager,
+        # Faust reads none of its own environment variables (WEB_BIND, BROKER_URL, ...): they
+        # would override the settings above (R27).
+        env={},
     )
     if settings.log_format == "json":
         app.conf.logging_config = logs.logging_config(",".join(settings.stages), lambda: app.conf.web_port)

@@ -45,5 +45,6 @@ def register(stage, frames: LatestFrames) -> None:
     async def preview_frame(web, request, stream):
         frame = frames.get(stream)
         if frame is None:
-            return web.text(f"no frame of stream {stream!r}", status=404)
+            # The name is echoed: no browser may take the answer for anything but text.
+            return web.text(f"no frame of stream {stream!r}", status=404, headers={"X-Content-Type-Options": "nosniff"})
         return web.bytes(frame.jpeg, content_type="image/jpeg", headers={"Cache-Control": "no-store"})

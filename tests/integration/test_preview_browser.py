@@ -188,3 +188,29 @@ def test_the_web_port_listens_on_this_host_only_and_shows_only_the_documented_ro
     # The health checks are exempt by name: whatever they answer, it is never 401.
     assert 401 not in [status(port, path, token=None) for path in ("/healthz", "/readyz")]
     assert TOKEN not in sink_worker.log_path.read_text()
+
+
+def test_faust_s_own_variables_beside_a_worker_change_nothing(kafka_bootstrap, tmp_path, monkeypatch):
+    """A join worker (its table is what Faust's /table/ would show) with Faust's own variables set
+    as an operator or a platform might: it ignores them, and says so in one line."""
+    faust = {"WEB_BIND": "0.0.0.0", "APP_WEB_TABLES_ENABLED": "true", "BROKER_CHECK_CRCS": "false",
+             # Read, either would stop the worker: no broker there, and Kubernetes' form of a
+             # Service named "web" is no port number.
+             "BROKER_URL": "kafka://127.0.0.1:9", "WEB_PORT": "tcp://10.0.0.1:80"}
+    for name, value in faust.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"faustenv-{uuid.uuid4().hex[:8]}.",
+                        stages=("join",), web_port=free_port(), data_dir=tmp_path / "data", out_dir=tmp_path / "out",
+                        web_token=TOKEN)
+    worker = Worker("join", settings, tmp_path)
+    try:
+        wait_until(worker.ready, 120, "the join worker to start")
+        port = settings.web_port
+        assert listening_addresses(port) == {"0100007F"}
+        tables = ["/table/", "/table/join/", "/table/join/cam1:1:0/"]
+        assert [status(port, path) for path in tables] == [404] * len(tables)
+        assert [status(port, path) for path in ("/readyz", "/metrics")] == [200, 200]
+        [line] = [line for line in worker.log_path.read_text().splitlines() if "ignoring" in line]
+        assert f"ignoring {', '.join(sorted(faust))}: Faust's own settings" in line
+    finally:
+        worker.stop()

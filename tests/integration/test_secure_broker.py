@@ -4,15 +4,22 @@ with the generated CA, SCRAM-SHA-512 users, and a pipeline user that holds only 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
+import sys
+import uuid
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
+from streamapp.settings import Settings
+from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.localkafka.security import ADMIN, PIPELINE
+from streamapp.tools.workers import READY_MARKER, Process, wait_until
 from streamapp.topics import topic_names
 
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -97,3 +104,23 @@ def test_pipeline_user_holds_its_acls_and_no_more(secure_kafka):
         assert await refusal(secure_kafka, frames, "not-the-pipelines-group") is GroupAuthorizationFailedError
 
     asyncio.run(scenario())
+
+
+def test_a_worker_logging_at_debug_shows_no_sasl_password(secure_kafka, tmp_path):
+    """PLAIN sends the password in its authentication request, which aiokafka logs whole at DEBUG."""
+    base = {name: value for name, value in os.environ.items() if not name.startswith("STREAMAPP_")}
+    settings = Settings.from_env({
+        **secure_kafka.env(ADMIN), "STREAMAPP_SASL_MECHANISM": "PLAIN", "STREAMAPP_STAGES": "resize",
+        "STREAMAPP_TOPIC_PREFIX": f"debuglog-{uuid.uuid4().hex[:8]}.", "STREAMAPP_DATA_DIR": str(tmp_path / "data"),
+        "STREAMAPP_WEB_PORT": str(free_port())})
+    argv = [str(Path(sys.executable).with_name("faust")), "-A", "streamapp.app", "worker", "-l", "debug",
+            "--web-port", str(settings.web_port)]
+    worker = Process("debug-logging worker", argv, tmp_path / "worker.log", READY_MARKER,
+                     env={**base, **settings.to_env()})
+    try:
+        wait_until(worker.ready, 120, "the worker to be ready")
+    finally:
+        worker.stop()
+    log = worker.log_path.read_text(errors="replace")
+    assert secure_kafka.passwords[ADMIN] not in log
+    assert "SaslAuthenticateRequest_v1(***)" in log  # the exchange was logged, at DEBUG

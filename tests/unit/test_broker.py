@@ -433,6 +433,20 @@ def test_users_are_created_at_format_time_with_scram_sha_512(tmp_path):
     ]
 
 
+def test_the_scram_passwords_never_reach_the_storage_tools_command_line(tmp_path):
+    broker = secured(tmp_path)
+    # A java that keeps its command line and the argument file it names.
+    java = tmp_path / "java"
+    java.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$0.argv"\n'
+                    'for a; do last=$a; done\ncat "${last#@}" > "$0.file"\n')
+    java.chmod(0o700)
+    broker._format(str(java), tmp_path / "libs", "cluster-id")
+    argv, argument_file = (tmp_path / "java.argv").read_text(), (tmp_path / "java.file").read_text()
+    assert all(broker.security.password(user) not in argv for user in USERS)
+    assert f'"SCRAM-SHA-512=[name=pipeline,password={broker.security.password(PIPELINE)}]"' in argument_file
+    assert argv.splitlines()[-1] == f"@{tmp_path / 'format.args'}" and not (tmp_path / "format.args").exists()
+
+
 def secured(tmp_path, port=19092, acls_for=None) -> LocalBroker:
     security = BrokerSecurity(tmp_path / "security", acls_for)
     security.ensure()
@@ -447,9 +461,12 @@ def test_a_secured_broker_takes_sasl_ssl_clients_only_advertised_as_localhost(tm
     assert props["advertised.listeners"] == "SASL_SSL://localhost:19092"
     assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
     assert props["inter.broker.listener.name"] == "SASL_SSL"
-    assert props["sasl.enabled.mechanisms"] == props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,PLAIN"
+    assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
     jaas = props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
     assert f'username="admin" password="{broker.security.password(ADMIN)}";' in jaas
+    plain = props["listener.name.sasl_ssl.plain.sasl.jaas.config"]
+    assert f'user_pipeline="{broker.security.password(PIPELINE)}";' in plain
     assert props["ssl.keystore.type"] == props["ssl.truststore.type"] == "PEM"
     assert props["ssl.keystore.location"] == broker.security.keystore_file
     assert "authorizer.class.name" not in props
@@ -532,7 +549,7 @@ def test_oauth_adds_oauthbearer_checked_by_the_endpoints_keys_issuer_and_audienc
     security.ensure()
     security.token_endpoint.port_file.write_text("18080\n")
     props = LocalBroker(tmp_path, 19092, security=security).properties(controller_port=19093)
-    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,OAUTHBEARER"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512,PLAIN,OAUTHBEARER"
     assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
     prefix = "listener.name.sasl_ssl.oauthbearer."
     assert props[f"{prefix}sasl.server.callback.handler.class"] == (
@@ -704,6 +721,18 @@ def test_the_token_endpoint_grants_rs256_tokens_its_jwks_verifies_and_refuses_a_
         with pytest.raises(TokenEndpointError, match="gave client 'pipeline' no token: HTTP 401"):
             asyncio.run(ClientCredentialsTokens(endpoint.token_url, PIPELINE, Secret("wrong")).token())
         assert secret.value not in endpoint.log_file.read_text() and token not in endpoint.log_file.read_text()
+        # A length it will not read is refused at once (a negative one would wait for the connection's end).
+        assert [first_line_of_answer(endpoint.port, length) for length in ("-5", "x", str(64 * 1024 + 1))] == \
+            ["HTTP/1.0 400 Bad Request"] * 3
     finally:
         endpoint.stop()
     assert endpoint.running_pid() is None
+
+
+def first_line_of_answer(port: int, content_length: str) -> str:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(f"POST /oauth2/token HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           f"Content-Length: {content_length}\r\n\r\n".encode())
+        return connection.makefile("rb").readline().decode().strip()

@@ -185,6 +185,19 @@ def test_negative_absurd_or_mistyped_frame_fields_are_refused(field, value):
         wire.decode_frame(_record(b"F", _frame_header(**{field: value}), JPEG))
 
 
+# A valid id with one character that no id may hold, anywhere: a line ending at its end is the
+# case a "$" anchor lets through.
+bad_stream_ids = st.builds(lambda valid, position, bad: valid[:position] + bad + valid[position:],
+                           stream_ids.filter(lambda stream: len(stream) < 64), st.integers(0, 64),
+                           st.sampled_from(["\n", "\r", "\r\n", "\x00", "/", ":", " ", "\u00e9", "\u2028"]))
+
+
+@given(stream=st.one_of(bad_stream_ids, st.builds(lambda valid: valid + "\n", stream_ids)))
+def test_a_stream_id_with_any_other_character_is_refused(stream):
+    with pytest.raises(WireError, match="stream id"):
+        wire.decode_frame(_record(b"F", _frame_header(stream=stream), JPEG))
+
+
 @pytest.mark.parametrize("field", ["stream", "epoch", "index", "ts_ms", "width", "height"])
 def test_missing_frame_fields_are_refused(field):
     with pytest.raises(WireError, match=field):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import re
 import ssl
 import threading
@@ -28,6 +29,7 @@ from streamapp.errors import (
     HostnameMismatch,
     MechanismRefused,
 )
+from streamapp.kafka import client as kafkaclient
 from streamapp.kafkasecurity import ClientCredentialsTokens, TokenEndpointError
 from streamapp.settings import Secret, Settings, SettingsError, shown_url
 
@@ -46,6 +48,10 @@ OAUTH = {"STREAMAPP_SECURITY_PROTOCOL": "SASL_SSL", "STREAMAPP_SASL_MECHANISM": 
     ({**SCRAM, "STREAMAPP_SASL_PASSWORD": ""}, "SCRAM-SHA-512 needs STREAMAPP_SASL_PASSWORD"),
     ({**OAUTH, "STREAMAPP_OAUTH_CLIENT_SECRET": ""}, "OAUTHBEARER needs STREAMAPP_OAUTH_CLIENT_SECRET"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "file:///etc/passwd"}, "is not an http(s) URL"),
+    ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "http://login.example/token?k=hunter4"},
+     "TOKEN_URL='http://login.example/token?k=***' is plain http to another host, which would send the client "
+     "secret in clear text: use its https:// URL"),
+    ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "http://127.0.0.1.nip.example/token"}, "is plain http to another host"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "https://[login.example/token"}, "'<a malformed URL>' is not an http"),
     ({"STREAMAPP_BROKER": "kafka://me:hunter2@broker:9092"}, "STREAMAPP_BROKER holds credentials (user:password@)"),
     ({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": "https://me:hunter3@login.example/token?k=hunter4"},
@@ -207,18 +213,32 @@ def test_a_tls_alert_about_the_client_certificate_names_the_settings_to_check(tm
 
 class TokenEndpoint:
     """A real OAuth 2 token endpoint on a free local port: client ``streamapp`` with secret
-    ``s3cret``; each token is ``token-<n>``, valid ``lifetime_s``."""
+    ``s3cret``; each token is ``token-<n>``, valid ``lifetime_s``. ``failing``: it answers 503;
+    ``redirect_to``: it answers 302 to there. Every request, of any method, is kept."""
 
     def __init__(self, lifetime_s: float = 3600) -> None:
         self.lifetime_s = lifetime_s
         self.requests: list[dict] = []
+        self.failing = False
+        self.redirect_to: str | None = None
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                endpoint.requests.append({"method": "GET", "auth": self.headers.get("Authorization")})
+                self.send_response(405)
+                self.end_headers()
+
             def do_POST(self) -> None:
                 form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
                 auth = base64.b64decode(self.headers.get("Authorization", "Basic ").split()[-1]).decode()
                 endpoint.requests.append({**form, "auth": auth})
+                if endpoint.redirect_to or endpoint.failing:
+                    self.send_response(302 if endpoint.redirect_to else 503)
+                    if endpoint.redirect_to:
+                        self.send_header("Location", endpoint.redirect_to)
+                    self.end_headers()
+                    return
                 if auth != "streamapp:s3cret" or form.get("grant_type") != "client_credentials":
                     self.send_response(401, "Unauthorized")
                     self.end_headers()
@@ -272,6 +292,40 @@ def test_the_token_provider_refreshes_at_80_percent_of_the_lifetime(token_endpoi
     assert tokens.fetches == 2
 
 
+def test_a_refresh_that_fails_keeps_the_valid_token_and_only_an_expired_one_fails(token_endpoint, caplog):
+    token_endpoint.lifetime_s = 2.0
+    tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("s3cret"))
+    assert asyncio.run(tokens.token()) == "token-1"
+    token_endpoint.failing = True
+    time.sleep(1.7)  # past 80 % of its life, not past its end
+    with caplog.at_level(logging.WARNING, logger="streamapp.kafkasecurity"):
+        assert asyncio.run(tokens.token()) == "token-1"
+    [warning] = caplog.records
+    assert "HTTP 503" in warning.getMessage() and "the current token, valid " in warning.getMessage()
+    time.sleep(0.4)  # expired now
+    with pytest.raises(TokenEndpointError, match="HTTP 503"):
+        asyncio.run(tokens.token())
+    token_endpoint.failing = False
+    assert asyncio.run(tokens.token()) == "token-4"
+
+
+def test_a_redirect_is_not_followed_so_the_client_secret_goes_nowhere_else(token_endpoint):
+    elsewhere = TokenEndpoint()
+    try:
+        token_endpoint.redirect_to = f"{elsewhere.url}?code=hunter6"
+        tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("s3cret"))
+        with pytest.raises(TokenEndpointError) as redirected:
+            asyncio.run(tokens.token())
+        assert elsewhere.requests == []
+    finally:
+        elsewhere.close()
+    message = str(redirected.value)
+    port = urllib.parse.urlsplit(elsewhere.url).port
+    assert f"gave client 'streamapp' no token: HTTP 302, a redirect to 127.0.0.1:{port} — tokens are not fetched " \
+           "across redirects" in message
+    assert "hunter6" not in message and "s3cret" not in message and message.count("\n") == 0
+
+
 def test_a_refused_client_is_one_line_naming_the_endpoint_and_client_not_the_secret(token_endpoint):
     tokens = ClientCredentialsTokens(token_endpoint.url, "streamapp", Secret("wrong-secret"))
     with pytest.raises(TokenEndpointError) as refused:
@@ -304,8 +358,32 @@ def test_the_token_endpoints_error_shows_its_url_without_the_query_token(token_e
         in str(refused.value) and "hunter5" not in str(refused.value)
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080/token", "http://localhost/token", "http://[::1]:80/t",
+                                 "https://login.example/token"])
+def test_a_token_url_is_https_or_on_this_host(url):
+    assert Settings.from_env({**OAUTH, "STREAMAPP_OAUTH_TOKEN_URL": url}).security.token_url == url
+
+
 def test_oauthbearer_settings_give_every_client_one_shared_token_provider():
     first = kafkasecurity.client_options(Settings.from_env(OAUTH))["sasl_oauth_token_provider"]
     second = kafkasecurity.client_options(Settings.from_env(OAUTH))["sasl_oauth_token_provider"]
     assert isinstance(first, ClientCredentialsTokens) and first is second
 
+
+
+def test_aiokafkas_debug_log_shows_sasl_exchanges_without_their_bytes(caplog):
+    """The OAUTHBEARER token as aiokafka's connection logs its request and the broker's answer
+    (the PLAIN password against a real broker: tests/integration/test_secure_broker.py)."""
+    from aiokafka.protocol.admin import SaslAuthenticateRequest_v1, SaslAuthenticateResponse_v1
+
+    kafkaclient.install()
+    request = SaslAuthenticateRequest_v1(b"n,,\x01auth=Bearer tok-hunter7\x01\x01")
+    answer = SaslAuthenticateResponse_v1(0, None, b"tok-hunter7", 60_000)
+    with caplog.at_level(logging.DEBUG, logger="aiokafka.conn"):
+        logging.getLogger("aiokafka.conn").debug("Request to %s:%d %d: %s", "localhost", 9093, 7, request)
+        logging.getLogger("aiokafka.conn").debug("Response from %s:%d %d: %s", "localhost", 9093, 7, answer)
+        logging.getLogger("aiokafka.conn").debug("Request to %s:%d %d: %s", "localhost", 9093, 8, "Metadata")
+    assert [record.getMessage() for record in caplog.records] == [
+        "Request to localhost:9093 7: SaslAuthenticateRequest_v1(***)",
+        "Response from localhost:9093 7: SaslAuthenticateResponse_v1(***)",
+        "Request to localhost:9093 8: Metadata"]

@@ -98,6 +98,7 @@ def test_defaults_are_valid_and_empty_environment_gives_defaults():
     ("STREAMAPP_STAGES", "resize,crop"),
     ("STREAMAPP_RESIZE", "320by240"),
     ("STREAMAPP_TOPIC_PREFIX", "bad prefix/"),
+    ("STREAMAPP_TOPIC_PREFIX", "site1.\n"),
     ("STREAMAPP_YOLO_INPUT", "400"),
     ("STREAMAPP_YOLO_INPUT", "4096"),
     ("STREAMAPP_YOLO_CONFIDENCE", "1.5"),
@@ -206,7 +207,7 @@ def test_parse_resolution_and_stream_id():
     with pytest.raises(ValueError, match="--size"):
         parse_resolution("640", "--size")
     assert parse_stream_id("cam-1.a_b") == "cam-1.a_b"
-    for bad in ("", "a/b", "x" * 65, "cam 1"):
+    for bad in ("", "a/b", "x" * 65, "cam 1", "cam1\n", "cam1\r\n", "\ncam1"):
         with pytest.raises(ValueError):
             parse_stream_id(bad)
 

@@ -391,15 +391,21 @@ class LocalBroker:
         return ["-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={log4j}"]
 
     def _format(self, java: str, libs: Path, cluster_id: str) -> None:
-        proc = subprocess.run(
-            [java, *self._java_classpath_args(libs), "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(self.properties_file),
-             *(self.security.scram_arguments() if self.security else [])],
-            capture_output=True, text=True, cwd=self.data_dir,
-        )
+        # The tool and its arguments from an owner-only argument file, which the java launcher
+        # reads: on the command line (/proc/<pid>/cmdline), the SCRAM passwords would show.
+        arguments = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.properties_file),
+                     *(self.security.scram_arguments() if self.security else [])]
+        argument_file = self.data_dir / "format.args"
+        write_private(argument_file, "\n".join(_java_argument(argument) for argument in arguments).encode())
+        try:
+            proc = subprocess.run([java, *self._java_classpath_args(libs), f"@{argument_file}"],
+                                  capture_output=True, text=True, cwd=self.data_dir)
+        finally:
+            argument_file.unlink()
         if proc.returncode != 0:
             log_file = self.data_dir / "format.log"
-            log_file.write_text(proc.stdout + proc.stderr)
+            # Owner-only: the tool's output may echo its arguments, the SCRAM passwords among them.
+            write_private(log_file, (proc.stdout + proc.stderr).encode())
             raise BrokerError(f"formatting the Kafka log dir {self.log_dirs} failed",
                               f"the storage tool's output is in {log_file}")
         self.cluster_id_file.write_text(cluster_id + "\n")
@@ -452,3 +458,8 @@ class LocalBroker:
                 return False
             time.sleep(0.1)
         return True
+
+
+def _java_argument(argument: str) -> str:
+    """``argument`` as a line of a java launcher argument file: quoted, its backslashes doubled."""
+    return '"' + argument.replace("\\", "\\\\") + '"'

@@ -45,6 +45,16 @@ DEFAULT_TOKEN_LIFETIME_S = 3600.0
 _MAX_FORM_BYTES = 64 * 1024
 
 
+def _content_length(header: str | None) -> int | None:
+    """The request body's length, if it is one the endpoint reads (a negative one would read to
+    the end of the connection)."""
+    try:
+        length = int(header or 0)
+    except ValueError:
+        return None
+    return length if 0 <= length <= _MAX_FORM_BYTES else None
+
+
 def b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
@@ -187,9 +197,9 @@ def serve(endpoint: TokenEndpoint) -> None:
                 self._answer(404, {"error": "not_found"})
 
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if self.path != TOKEN_PATH or length > _MAX_FORM_BYTES:
-                self._answer(404 if self.path != TOKEN_PATH else 413, {"error": "invalid_request"})
+            length = _content_length(self.headers.get("Content-Length"))
+            if self.path != TOKEN_PATH or length is None:
+                self._answer(404 if self.path != TOKEN_PATH else 400, {"error": "invalid_request"})
                 return
             form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode("utf-8", "replace")))
             client_id, secret = self._client(form)

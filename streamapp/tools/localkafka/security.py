@@ -1,17 +1,17 @@
 """A local broker secured as a production Kafka is: ``broker start --security sasl_ssl|ssl``.
 
-Clients meet one secured listener, advertised as ``localhost:PORT``: SASL_SSL (SCRAM-SHA-512 over
-TLS; with ``oauth`` also OAUTHBEARER, tokens from the local endpoint of :mod:`.oauth`), or SSL
-requiring a client certificate (mutual TLS), the principal being its common name. At the first
-start a throwaway CA, a broker certificate naming ``localhost`` only, a random password per user
-(``admin``, ``pipeline``) and a client certificate per user, its key encrypted with that password,
-are generated into ``<data dir>/security``; the SCRAM users are written into the metadata log when
-the storage is formatted, so they belong to that data dir. Whatever the client listener, a user is
-the same principal (``User:admin``, ``User:pipeline``), so the same ACLs apply. Brokers talk to
-each other on the same listener (as ``admin``, or by the broker's certificate). The controller
-listener stays PLAINTEXT on 127.0.0.1: with ACLs on, its principal (``User:ANONYMOUS``) is a super
-user, so anyone on this machine who can reach the controller port is too -- a local broker, not a
-production one.
+Clients meet one secured listener, advertised as ``localhost:PORT``: SASL_SSL (SCRAM-SHA-512, or
+PLAIN with the same passwords, over TLS; with ``oauth`` also OAUTHBEARER, tokens from the local
+endpoint of :mod:`.oauth`), or SSL requiring a client certificate (mutual TLS), the principal being
+its common name. At the first start a throwaway CA, a broker certificate naming ``localhost`` only,
+a random password per user (``admin``, ``pipeline``) and a client certificate per user, its key
+encrypted with that password, are generated into ``<data dir>/security``; the SCRAM users are
+written into the metadata log when the storage is formatted, so they belong to that data dir.
+Whatever the client listener, a user is the same principal (``User:admin``, ``User:pipeline``), so
+the same ACLs apply. Brokers talk to each other on the same listener (as ``admin``, or by the
+broker's certificate). The controller listener stays PLAINTEXT on 127.0.0.1: with ACLs on, its
+principal (``User:ANONYMOUS``) is a super user, so anyone on this machine who can reach the
+controller port is too -- a local broker, not a production one.
 """
 from __future__ import annotations
 
@@ -56,6 +56,8 @@ class BrokerSecurity:
     controllers, and the ``pipeline`` user granted what these settings' pipeline needs.
     ``plaintext_port``: a PLAINTEXT listener on 127.0.0.1 beside it, for local tools whose own
     TLS would share the machine with what they measure (the join benchmark's load and reader).
+    Its clients are ``User:ANONYMOUS``, a super user with ACLs on (the controller listener's
+    principal too), so any process on this machine that reaches that port passes every ACL.
     ``mode``: the client listener, SASL_SSL or mutual TLS (:data:`SECURITY_MODES`). ``oauth``
     (SASL_SSL only): the listener also takes OAUTHBEARER tokens of a local endpoint, valid
     ``token_lifetime_s``; a connection's session ends when its token expires, so a client
@@ -160,16 +162,20 @@ class BrokerSecurity:
     def _sasl_properties(self) -> dict[str, object]:
         jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required '
                 f'username="{ADMIN}" password="{self.password(ADMIN)}";')
+        # PLAIN's users are listed where it is configured, with the same passwords.
+        plain_users = " ".join(f'user_{user}="{self.password(user)}"' for user in USERS)
         properties: dict[str, object] = {
-            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            "sasl.enabled.mechanisms": f"{SCRAM_MECHANISM},PLAIN",
             "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
             f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": jaas,
+            "listener.name.sasl_ssl.plain.sasl.jaas.config":
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};",
         }
         if self.oauth:
             endpoint = self.token_endpoint
             prefix = "listener.name.sasl_ssl.oauthbearer."
             properties.update({
-                "sasl.enabled.mechanisms": f"{SCRAM_MECHANISM},OAUTHBEARER",
+                "sasl.enabled.mechanisms": f"{SCRAM_MECHANISM},PLAIN,OAUTHBEARER",
                 f"{prefix}sasl.jaas.config": f"{OAUTH_PACKAGE}.OAuthBearerLoginModule required;",
                 f"{prefix}sasl.server.callback.handler.class": f"{OAUTH_PACKAGE}.OAuthBearerValidatorCallbackHandler",
                 # The session of a connection ends with its token: past it, the broker closes the
