@@ -22,14 +22,14 @@ from streamapp.kafka import client as kafkaclient, consumer
 from streamapp.kafka.app import KafkaApp, PromptTableManager
 from streamapp.kafka.buffers import ByteBoundedQueue
 from streamapp.kafka.monitor import faust_monitor
-from streamapp.kafka.producer import KeyPartitioner
+from streamapp.kafka.producer import ByteSendBuffer, KeyPartitioner
 from streamapp.kafka.transactions import Transactions
 from streamapp.kafkasecurity import broker_credentials
+from streamapp.memoryplan import MemoryPlan
 from streamapp.settings import EXACTLY_ONCE, Settings
-from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
 from streamapp.worker import health, logs, webport
-from streamapp.worker.budget import MemoryPlan, OverloadCounts
+from streamapp.worker.budget import OverloadCounts, memory_plan
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import (
     PROMETHEUS_CONTENT_TYPE,
@@ -78,7 +78,7 @@ class StreamApp(KafkaApp):
             exit_with(exc)
         if created:
             log.info("created topics: %s", ", ".join(created))
-        self.producer.buffer.max_messages = self.memory_plan.send_buffer_bytes
+        cast(ByteSendBuffer, self.producer.buffer).limit_bytes(self.memory_plan.send_buffer_bytes)
         await super().on_first_start()
 
     async def on_started(self) -> None:
@@ -103,19 +103,10 @@ class StreamApp(KafkaApp):
                 "stream_buffer_bytes": sum(queue.bytes for queue in self.stream_buffers)}
 
 
-# Records per recovery batch are a count in Faust: a quarter of the memory budget, sized for
-# records of up to 4 MiB (a 4K JPEG is 1-3 MB), at least 32. Stream buffers are limited in bytes
-# instead (streamapp.worker.budget).
-_BUFFERED_RECORD_BYTES = 4 * 1024**2
-_MIN_BUFFER_RECORDS = 32
 # A poll moves records the consumer has already fetched, so the fetch limits bound its bytes. Each
 # poll is two hand-overs between the consumer's thread and the loop, so fewer records a poll
 # drained a backlog slower (docs/benchmarks.md, "One change was kept").
 POLL_RECORDS = 1000
-
-
-def buffer_records(settings: Settings) -> int:
-    return max(_MIN_BUFFER_RECORDS, settings.memory_budget_bytes // 4 // _BUFFERED_RECORD_BYTES)
 
 
 def create_app(settings: Settings | None = None) -> StreamApp:
@@ -123,9 +114,8 @@ def create_app(settings: Settings | None = None) -> StreamApp:
     settings.check_worker()
     kafkaclient.install()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    records = buffer_records(settings)
-    plan = MemoryPlan.for_settings(settings)
-    partitioner = KeyPartitioner()
+    plan = memory_plan(settings)
+    partitioner = KeyPartitioner(plan.key_hash_memo_bytes)
     app = StreamApp(
         settings.group_id,
         broker=settings.broker,
@@ -196,9 +186,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         topics=app_topics,
         metrics=metrics,
         dead_letters=DeadLetters(app_topics.deadletter, metrics, app.transactions),
-        rocks_memory=shared_rocks_memory(plan.rocksdb_bytes),
-        buffer_records=records,
-        batch_bytes=plan.batch_bytes,
+        memory=plan,
         output_thread=OutputThread(app.producer, name="outputs") if output_thread else None,
         transactions=app.transactions,
     )
