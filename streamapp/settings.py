@@ -466,7 +466,8 @@ def _names(raw: str, name: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
-def _stages(raw: str, name: str) -> tuple[str, ...]:
+def parse_stages(raw: str, name: str = "STREAMAPP_STAGES") -> tuple[str, ...]:
+    """Stage names, comma-separated, in the order given (it names the worker's group), or ``all``."""
     if raw.strip() == "all":
         return STAGES
     return _names(raw, name)
@@ -509,7 +510,7 @@ _ENV = {
     "broker": ("STREAMAPP_BROKER", _text),
     "app_id": ("STREAMAPP_APP_ID", _text),
     "topic_prefix": ("STREAMAPP_TOPIC_PREFIX", _text),
-    "stages": ("STREAMAPP_STAGES", _stages),
+    "stages": ("STREAMAPP_STAGES", parse_stages),
     "partitions": ("STREAMAPP_PARTITIONS", _int),
     "bucket_size": ("STREAMAPP_BUCKET_SIZE", _int),
     "join_ttl_s": ("STREAMAPP_JOIN_TTL", _duration),

@@ -72,7 +72,7 @@ class StreamApp(KafkaApp):
         self.conf.consumer_group_instance_id = settings.group_instance_id(  # type: ignore[assignment]
             str(self.conf.canonical_url))
         try:
-            created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages, group=True)
+            created = await topic_defs.ensure_topics(settings, layouts=[settings.stages], group=True)
         except StreamappError as exc:
             # Before any stream or table has started: nothing to flush, so no shutdown to wait for.
             exit_with(exc)

@@ -26,8 +26,10 @@ def documented_routes() -> set[str]:
 
 
 def test_a_worker_serves_exactly_the_documented_routes_and_faust_s_index_is_refused(tmp_path):
-    # 256 MiB: a RocksDB pool of 64 MiB, the size the store tests give the process-wide pool.
-    app = create_app(Settings(data_dir=tmp_path / "data", out_dir=tmp_path / "out"))
+    # 256 MiB: a RocksDB pool of 64 MiB, the size the store tests give the process-wide pool; frames
+    # of up to 1 MiB, for which four stages' buffers fit in it.
+    app = create_app(Settings(data_dir=tmp_path / "data", out_dir=tmp_path / "out", memory_budget_bytes=256 * 1024**2,
+                              max_frame_bytes=1024**2))
     app.web.init_server()  # Faust's blueprints and our pages, as the worker mounts them
     served = {route.resource.canonical for route in app.web.web_app.router.routes() if route.resource}
     # Faust's index has no setting to turn it off; the guard answers it 404 (below). The health
