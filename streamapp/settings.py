@@ -466,7 +466,7 @@ def _names(raw: str, name: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
-def parse_stages(raw: str, name: str = "STREAMAPP_STAGES") -> tuple[str, ...]:
+def parse_stages(raw: str, name: str) -> tuple[str, ...]:
     """Stage names, comma-separated, in the order given (it names the worker's group), or ``all``."""
     if raw.strip() == "all":
         return STAGES

@@ -20,7 +20,7 @@ def size_arg(text: str) -> int:
 def stages_arg(text: str) -> tuple[str, ...]:
     """A stage set as ``STREAMAPP_STAGES`` takes it: ``join``, ``resize,infer``, ``all``."""
     try:
-        return Settings(stages=parse_stages(text)).stages
+        return Settings(stages=parse_stages(text, "--stages")).stages
     except SettingsError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
