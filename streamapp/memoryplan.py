@@ -72,13 +72,13 @@ _MAX_BATCH_BYTES = 1024**2
 _MIB = 1024**2
 
 
-def share(budget_bytes: int, fraction: Fraction) -> int:
+def _share(budget_bytes: int, fraction: Fraction) -> int:
     return budget_bytes * fraction.numerator // fraction.denominator
 
 
 def decoded_frame_pixels(budget_bytes: int) -> int:
     """Pixels of the largest frame whose decoding fits the decoded frame's share of the budget."""
-    return share(budget_bytes, DECODED_FRAME_SHARE) // DECODE_BYTES_PER_PIXEL
+    return _share(budget_bytes, DECODED_FRAME_SHARE) // DECODE_BYTES_PER_PIXEL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +123,7 @@ class MemoryPlan:
     @classmethod
     def _split(cls, budget: int, *, record_bytes: int, partitions: int, stages: tuple[str, ...],
                max_frame_pixels: int, preview_bytes: int) -> MemoryPlan:
-        record = record_bytes
+        record = record_bytes  # every buffer must take one
         join = "join" in stages
         queues = len(stages) + join
         fetched = partitions * len(set().union(*(_READS[stage] for stage in stages)))
@@ -132,19 +132,19 @@ class MemoryPlan:
         return cls(
             budget_bytes=budget,
             record_bytes=record,
-            rocksdb_bytes=share(budget, ROCKSDB_SHARE) if join else 0,
+            rocksdb_bytes=_share(budget, ROCKSDB_SHARE) if join else 0,
             stream_buffers=queues,
-            stream_buffer_bytes=_limit(share(budget, STREAM_BUFFERS_SHARE) // queues, record),
+            stream_buffer_bytes=_limit(_share(budget, STREAM_BUFFERS_SHARE) // queues, record),
             fetched_partitions=fetched,
             # One record is set aside: Kafka returns one whole record past the fetch limit.
             fetch_bytes_per_partition=min(record, max(_MIN_LIMIT_BYTES,
-                                                      (share(budget, FETCHES_SHARE) - record) // fetched)),
+                                                      (_share(budget, FETCHES_SHARE) - record) // fetched)),
             produced_partitions=produced,
             producer_batch_bytes=min(record, _MAX_BATCH_BYTES,
-                                     max(_MIN_BATCH_BYTES, share(budget, PRODUCER_BATCHES_SHARE) // (2 * produced))),
-            send_buffer_bytes=_limit(share(budget, SEND_BUFFER_SHARE), record),
-            batch_bytes=_limit(share(budget, JOIN_BATCHES_SHARE) // JOIN_BATCHES, record) if join else 0,
-            recovery_records=max(1, share(budget, RECOVERY_SHARE) // record) if join else 0,
+                                     max(_MIN_BATCH_BYTES, _share(budget, PRODUCER_BATCHES_SHARE) // (2 * produced))),
+            send_buffer_bytes=_limit(_share(budget, SEND_BUFFER_SHARE), record),
+            batch_bytes=_limit(_share(budget, JOIN_BATCHES_SHARE) // JOIN_BATCHES, record) if join else 0,
+            recovery_records=max(1, _share(budget, RECOVERY_SHARE) // record) if join else 0,
             decoded_frame_bytes=DECODE_BYTES_PER_PIXEL * pixels if PIXEL_STAGES & set(stages) else 0,
             preview_bytes=preview_bytes if "sink" in stages else 0,
             key_hash_memo_bytes=KEY_HASH_MEMO_BYTES,
@@ -172,7 +172,7 @@ class MemoryPlan:
         return sum(self.shares().values())
 
     def fits(self, max_frame_pixels: int = 0) -> bool:
-        return (self.planned_bytes <= share(self.budget_bytes, PLANNED)
+        return (self.planned_bytes <= _share(self.budget_bytes, PLANNED)
                 and max_frame_pixels <= decoded_frame_pixels(self.budget_bytes))
 
     def as_metrics(self) -> dict[str, float]:
