@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from streamapp.errors import UsageError
-from streamapp.jpeg import DECODE_BYTES_PER_PIXEL
+from streamapp.memoryplan import decoded_frame_pixels
 from streamapp.units import UnitError, parse_bytes, parse_duration
 
 STAGES = ("resize", "infer", "join", "sink")
@@ -28,8 +28,6 @@ STAGES = ("resize", "infer", "join", "sink")
 BACKPRESSURE = "backpressure"
 DROP_OLDEST = "drop-oldest"
 OVERLOAD_POLICIES = (BACKPRESSURE, DROP_OLDEST)
-# The part of the memory budget one decoded frame may take (the JPEG's own header says its cost).
-DECODED_FRAME_SHARE = 16
 _TOPIC_PREFIX = re.compile(r"[A-Za-z0-9_.-]{0,100}")
 _TOKEN = re.compile(r"[!-~]*")
 
@@ -350,8 +348,6 @@ class Settings:
                  "STREAMAPP_DONE_MARKER_TTL must be at least the join TTL")
         _require(64 * 1024 <= self.max_frame_bytes <= 256 * 1024**2,
                  "STREAMAPP_MAX_FRAME_BYTES must be between 64KiB and 256MiB")
-        _require(self.memory_budget_bytes >= 8 * self.max_frame_bytes,
-                 "STREAMAPP_MEMORY_BUDGET must hold at least 8 frames of STREAMAPP_MAX_FRAME_BYTES")
         _require(0 <= self.max_frame_pixels <= self.budget_frame_pixels,
                  f"STREAMAPP_MAX_FRAME_PIXELS can only lower the {self.budget_frame_pixels} pixels "
                  f"STREAMAPP_MEMORY_BUDGET allows; raise the budget for larger frames")
@@ -394,9 +390,9 @@ class Settings:
 
     @property
     def budget_frame_pixels(self) -> int:
-        """Pixels of the largest frame whose decoding fits its share of the memory budget: a
-        sixteenth, at 6 bytes a pixel (docs/operations.md, Sizing)."""
-        return self.memory_budget_bytes // DECODED_FRAME_SHARE // DECODE_BYTES_PER_PIXEL
+        """Pixels of the largest frame whose decoding fits its share of the memory budget
+        (streamapp.memoryplan)."""
+        return decoded_frame_pixels(self.memory_budget_bytes)
 
     @property
     def frame_pixel_limit(self) -> int:
@@ -497,7 +493,8 @@ def _names(raw: str, name: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
-def _stages(raw: str, name: str) -> tuple[str, ...]:
+def parse_stages(raw: str, name: str) -> tuple[str, ...]:
+    """Stage names, comma-separated, in the order given (it names the worker's group), or ``all``."""
     if raw.strip() == "all":
         return STAGES
     return _names(raw, name)
@@ -540,7 +537,7 @@ _ENV = {
     "broker": ("STREAMAPP_BROKER", _text),
     "app_id": ("STREAMAPP_APP_ID", _text),
     "topic_prefix": ("STREAMAPP_TOPIC_PREFIX", _text),
-    "stages": ("STREAMAPP_STAGES", _stages),
+    "stages": ("STREAMAPP_STAGES", parse_stages),
     "partitions": ("STREAMAPP_PARTITIONS", _int),
     "bucket_size": ("STREAMAPP_BUCKET_SIZE", _int),
     "join_ttl_s": ("STREAMAPP_JOIN_TTL", _duration),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
@@ -25,9 +26,12 @@ from aiokafka.errors import (
 from streamapp.connect import diagnose, not_authorized, principal, quiet_logger
 from streamapp.errors import ExitCode, StreamappError
 from streamapp.kafkasecurity import client_options
-from streamapp.settings import Settings
+from streamapp.settings import STAGES, Settings
 from streamapp.units import format_bytes
 
+# The stage sets the docs deploy the join in: all four stages in one worker, and one worker per
+# stage. `streamapp topics create` makes their join changelogs unless told other stage sets.
+DOCUMENTED_LAYOUTS: tuple[tuple[str, ...], ...] = (STAGES, ("join",))
 # Room for the wire header and Kafka's own record overhead on top of the largest JPEG.
 RECORD_OVERHEAD_BYTES = 64 * 1024
 JOIN_TABLE = "join"
@@ -103,7 +107,10 @@ def topic_names(settings: Settings) -> dict[str, str]:
 
 
 def changelog_name(settings: Settings) -> str:
-    """Faust names a table's changelog ``<app id>-<table>-changelog``."""
+    """The join table's changelog of a worker of these settings' stages. Faust names a table's
+    changelog ``<app id>-<table>-changelog``, and a worker's app id is its group id, one per stage
+    set (Settings.group_id): a join run alone and a join run beside other stages have different
+    changelogs."""
     return f"{settings.group_id}-{JOIN_TABLE}-changelog"
 
 
@@ -197,8 +204,9 @@ def changelog_config(settings: Settings) -> dict[str, str]:
     }
 
 
-def topic_specs(settings: Settings, *, with_changelog: bool = False) -> list[TopicSpec]:
-    """The pipeline's topics; the join changelog only for the worker that owns the join table."""
+def topic_specs(settings: Settings, *, layouts: Iterable[tuple[str, ...]] = ()) -> list[TopicSpec]:
+    """The pipeline's topics, and the join changelog of each stage set in ``layouts`` that runs
+    the join: its name comes from the stage set's group id, so each stage set has its own."""
     names = topic_names(settings)
     plan = disk_plan(settings)
 
@@ -218,17 +226,19 @@ def topic_specs(settings: Settings, *, with_changelog: bool = False) -> list[Top
                        feeds_join=kind in ("frames", "detections"))
              for kind in ("frames", "scaled", "detections", "joined")]
     specs.append(TopicSpec(names["deadletter"], 1, bounded(names["deadletter"], 7 * 24 * 3600 * 1000)))
-    if with_changelog:
-        specs.append(TopicSpec(changelog_name(settings), settings.partitions, changelog_config(settings),
-                               feeds_join=True))
+    changelogs = {changelog_name(layout): layout
+                  for layout in (settings.replace(stages=stages) for stages in layouts) if "join" in layout.stages}
+    specs += [TopicSpec(name, settings.partitions, changelog_config(layout), feeds_join=True)
+              for name, layout in changelogs.items()]
     return specs
 
 
-async def ensure_topics(settings: Settings, *, with_changelog: bool = False, group: bool = False,
+async def ensure_topics(settings: Settings, *, layouts: Iterable[tuple[str, ...]] = (), group: bool = False,
                         timeout_s: float = 30.0) -> list[str]:
-    """Create missing topics, then check co-partitioning, and with ``group`` that this user may
-    use the consumer group. Returns the names it created. Topics that exist are only verified,
-    so a user who may not create topics (a managed service's usual ACLs) can start."""
+    """Create missing topics (with the join changelogs of ``layouts``, :func:`topic_specs`), then
+    check co-partitioning, and with ``group`` that this user may use the consumer group. Returns
+    the names it created. Topics that exist are only verified, so a user who may not create topics
+    (a managed service's usual ACLs) can start."""
     admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=int(timeout_s * 1000))
     try:
         with quiet_logger("aiokafka"):
@@ -237,7 +247,7 @@ async def ensure_topics(settings: Settings, *, with_changelog: bool = False, gro
         await admin.close()
         raise await diagnose(settings) from None
     try:
-        specs = topic_specs(settings, with_changelog=with_changelog)
+        specs = topic_specs(settings, layouts=layouts)
         existing = set(await admin.list_topics())
         created = await create_topics(admin, settings, [spec for spec in specs if spec.name not in existing])
         counts = await partition_counts(admin, settings, [spec.name for spec in specs if spec.feeds_join])

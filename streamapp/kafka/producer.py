@@ -13,7 +13,7 @@ Here a flush waits for exactly the records handed to the send buffer before it w
 for everything already in the Kafka producer, as Faust's does next.
 
 The send buffer's size is also the bytes waiting in it: Faust counts its records, and compared
-that count with the byte limit the app sets (``max_messages``), so the limit never held.
+that count with the byte limit the app sets, so the limit never held.
 
 The partitioner is Kafka's default, remembering the hashes of recent keys.
 """
@@ -29,18 +29,18 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
 from faust.types import ProducerT
 
+from streamapp.memoryplan import KEY_HASH_MEMO_BYTES
 from streamapp.recordbatches import Value
 from streamapp.units import event_bytes
 
-# Bytes of keys the partitioner remembers the hashes of; past it, it forgets them all at once.
-KEY_HASH_MEMO_BYTES = 64 * 1024
 # A remembered key costs its bytes plus about this much in the dict (entry, bytes and int objects).
 _MEMO_ENTRY_BYTES = 120
 
 
 class KeyPartitioner:
     """Kafka's default partitioner (murmur2 of the key, modulo the partitions; random without a
-    key), remembering the hash of each recent key. aiokafka's murmur2 is pure Python, a cost in a
+    key), remembering the hash of each recent key, up to ``max_bytes`` of keys; past it, it
+    forgets them all at once. aiokafka's murmur2 is pure Python, a cost in a
     backlog drain (docs/benchmarks.md, "Partition hashing"), and the stages' keys repeat: a bucket
     key stands for a whole bucket of frames."""
 
@@ -110,14 +110,18 @@ class SendBufferBytes(asyncio.Queue):
 
 class ByteSendBuffer(ProducerBuffer):
     """Faust's send buffer over a SendBufferBytes queue, its size in bytes. Faust waits before
-    each record it hands to a stream while the size is over ``max_messages`` (the app sets it to
-    the memory plan's byte limit)."""
+    each record it hands to a stream while the size is over its limit (:meth:`limit_bytes`)."""
 
     pending: SendBufferBytes
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.pending = SendBufferBytes()
+
+    def limit_bytes(self, limit: int) -> None:
+        """Bound the bytes waiting here (the memory plan's send buffer). Faust compares its
+        ``max_messages`` with :attr:`size`, and the size is bytes here, so the limit is too."""
+        self.max_messages = limit
 
     @property
     def size(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from streamapp.settings import parse_resolution
+from streamapp.settings import Settings, SettingsError, parse_resolution, parse_stages
 from streamapp.units import UnitError, parse_bytes
 
 
@@ -14,6 +14,14 @@ def size_arg(text: str) -> int:
     try:
         return parse_bytes(text, name="size")
     except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def stages_arg(text: str) -> tuple[str, ...]:
+    """A stage set as ``STREAMAPP_STAGES`` takes it: ``join``, ``resize,infer``, ``all``."""
+    try:
+        return Settings(stages=parse_stages(text, "--stages")).stages
+    except SettingsError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

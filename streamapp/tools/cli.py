@@ -27,7 +27,15 @@ from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.kafka import client as kafkaclient
 from streamapp.settings import Settings
 from streamapp.tools import chaos, upgrade
-from streamapp.tools.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
+from streamapp.tools.arguments import (
+    count_arg,
+    fps_arg,
+    port_arg,
+    resolution_arg,
+    seconds_arg,
+    size_arg,
+    stages_arg,
+)
 from streamapp.tools.bench import disk_command, infer as infer_bench, join_command, soak_command
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import CLUSTER_NODES, LocalCluster, default_cluster_dir
@@ -232,19 +240,24 @@ def configure_topics(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Create the pipeline's topics with their partitions and configs "
                           "(settings from STREAMAPP_* variables) and check they are co-partitioned. "
                           "Prints how STREAMAPP_BROKER_DISK_BUDGET is split over the topics, and "
-                          "refuses a budget they cannot fit in. With `join` in STREAMAPP_STAGES (as by "
-                          "default) it also creates the join table's changelog of that stage set, so a "
-                          "worker whose user may not create topics finds it. Topics that exist are "
-                          "verified, not changed.")
+                          "refuses a budget they cannot fit in. It also creates the join table's "
+                          "changelog of each stage set the workers will run the join in (each has its "
+                          "own), so that a worker whose user may not create topics finds it. Topics "
+                          "that exist are verified, not changed.")
     parser.add_argument("action", choices=["create"])
+    parser.add_argument("--stages", action="append", type=stages_arg, dest="layouts", metavar="STAGES",
+                        help="the STREAMAPP_STAGES of a kind of worker the pipeline will run, e.g. `join` or "
+                             "`resize,infer,join,sink`; repeat it for each (default: all four stages in one "
+                             "worker, one worker per stage, and this process's STREAMAPP_STAGES)")
 
 
 def run_topics(args: argparse.Namespace) -> int:
-    from streamapp.topics import disk_plan, ensure_topics
+    from streamapp.topics import DOCUMENTED_LAYOUTS, disk_plan, ensure_topics
 
     settings = Settings.from_env()
     print(disk_plan(settings).describe())  # refuses a plan that cannot fit before touching the broker
-    created = asyncio.run(ensure_topics(settings, with_changelog="join" in settings.stages))
+    layouts = args.layouts or [*DOCUMENTED_LAYOUTS, settings.stages]
+    created = asyncio.run(ensure_topics(settings, layouts=layouts))
     print(f"topics ready on {settings.bootstrap_servers}; created: {', '.join(created) or 'none'}")
     return 0
 

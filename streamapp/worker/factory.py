@@ -25,14 +25,14 @@ from streamapp.kafka import client as kafkaclient, consumer
 from streamapp.kafka.app import KafkaApp, PromptTableManager
 from streamapp.kafka.buffers import ByteBoundedQueue
 from streamapp.kafka.monitor import faust_monitor
-from streamapp.kafka.producer import KeyPartitioner
+from streamapp.kafka.producer import ByteSendBuffer, KeyPartitioner
 from streamapp.kafka.transactions import Transactions
 from streamapp.kafkasecurity import broker_credentials
+from streamapp.memoryplan import MemoryPlan
 from streamapp.settings import EXACTLY_ONCE, HEARTBEAT_INTERVAL_S, Settings
-from streamapp.tables.memory import shared_rocks_memory
 from streamapp.tables.window import STORE_URL
 from streamapp.worker import health, logs, webport
-from streamapp.worker.budget import MemoryPlan, OverloadCounts
+from streamapp.worker.budget import OverloadCounts, memory_plan
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.metrics import (
     PROMETHEUS_CONTENT_TYPE,
@@ -75,14 +75,14 @@ class StreamApp(KafkaApp):
         self.conf.consumer_group_instance_id = settings.group_instance_id(  # type: ignore[assignment]
             str(self.conf.canonical_url))
         try:
-            created = await topic_defs.ensure_topics(settings, with_changelog="join" in settings.stages, group=True)
+            created = await topic_defs.ensure_topics(settings, layouts=[settings.stages], group=True)
         except StreamappError as exc:
             # Before any stream or table has started: nothing to flush, so no shutdown to wait for.
             exit_with(exc)
         if created:
             log.info("created topics: %s", ", ".join(created))
         self._log_what_is_not_used()
-        self.producer.buffer.max_messages = self.memory_plan.send_buffer_bytes
+        cast(ByteSendBuffer, self.producer.buffer).limit_bytes(self.memory_plan.send_buffer_bytes)
         await super().on_first_start()
 
     def _log_what_is_not_used(self) -> None:
@@ -117,11 +117,6 @@ class StreamApp(KafkaApp):
                 "stream_buffer_bytes": sum(queue.bytes for queue in self.stream_buffers)}
 
 
-# Records per recovery batch are a count in Faust: a quarter of the memory budget, sized for
-# records of up to 4 MiB (a 4K JPEG is 1-3 MB), at least 32. Stream buffers are limited in bytes
-# instead (streamapp.worker.budget).
-_BUFFERED_RECORD_BYTES = 4 * 1024**2
-_MIN_BUFFER_RECORDS = 32
 # A poll moves records the consumer has already fetched, so the fetch limits bound its bytes. Each
 # poll is two hand-overs between the consumer's thread and the loop, so fewer records a poll
 # drained a backlog slower (docs/benchmarks.md, "One change was kept").
@@ -134,18 +129,13 @@ def faust_variables(env: Mapping[str, str]) -> list[str]:
                   if param.env_name is not None and param.env_name in env)
 
 
-def buffer_records(settings: Settings) -> int:
-    return max(_MIN_BUFFER_RECORDS, settings.memory_budget_bytes // 4 // _BUFFERED_RECORD_BYTES)
-
-
 def create_app(settings: Settings | None = None) -> StreamApp:
     settings = settings or Settings.from_env()
     settings.check_worker()
     kafkaclient.install()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    records = buffer_records(settings)
-    plan = MemoryPlan.for_settings(settings)
-    partitioner = KeyPartitioner()
+    plan = memory_plan(settings)
+    partitioner = KeyPartitioner(plan.key_hash_memo_bytes)
     app = StreamApp(
         settings.group_id,
         broker=settings.broker,
@@ -220,9 +210,7 @@ def create_app(settings: Settings | None = None) -> StreamApp:
         topics=app_topics,
         metrics=metrics,
         dead_letters=DeadLetters(app_topics.deadletter, metrics, app.transactions),
-        rocks_memory=shared_rocks_memory(plan.rocksdb_bytes),
-        buffer_records=records,
-        batch_bytes=plan.batch_bytes,
+        memory=plan,
         output_thread=OutputThread(app.producer, name="outputs") if output_thread else None,
         transactions=app.transactions,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -17,9 +18,10 @@ import faust
 from faust.types import EventT
 
 from streamapp.kafka.transactions import PartitionTransactions, Transactions
+from streamapp.memoryplan import MemoryPlan
 from streamapp.previewframes import LatestFrames
 from streamapp.settings import Settings
-from streamapp.tables.memory import RocksMemory
+from streamapp.tables.memory import RocksMemory, shared_rocks_memory
 from streamapp.worker import preview
 from streamapp.worker.deadletter import DeadLetters
 from streamapp.worker.health import Readiness
@@ -47,9 +49,7 @@ class Stage:
     topics: AppTopics
     metrics: Metrics
     dead_letters: DeadLetters
-    rocks_memory: RocksMemory
-    buffer_records: int
-    batch_bytes: int
+    memory: MemoryPlan
     # The join's; None without a join, and under exactly-once, where outputs join the input
     # partition's transaction (streamapp.worker.outbox).
     output_thread: OutputThread | None
@@ -62,6 +62,20 @@ class Stage:
     outputs_in_flight: OutputsInFlight = dataclasses.field(default_factory=OutputsInFlight)
     # What /readyz checks: a stage adds what can stop it taking records (e.g. a full disk).
     readiness: Readiness = dataclasses.field(default_factory=Readiness)
+
+    @functools.cached_property
+    def rocks_memory(self) -> RocksMemory:
+        """The process's RocksDB pool, made by the first stage that opens a table (the join)."""
+        return shared_rocks_memory(self.memory.rocksdb_bytes)
+
+    @property
+    def buffer_records(self) -> int:
+        """Changelog records a table's recovery reads before applying them."""
+        return self.memory.recovery_records
+
+    @property
+    def batch_bytes(self) -> int:
+        return self.memory.batch_bytes
 
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pixels, function, *args)

@@ -38,8 +38,10 @@ RUNS = 2
 FLAT_RSS_BYTES = 64 * 1024**2
 PIXEL_STAGES = ("resize", "infer", "sink")
 # The join holds no pixels; its RocksDB memory and stream buffers fill up to their byte limits,
-# which this budget sets (R5).
+# which this budget sets (R5). The sample's JPEGs are far below 1 MiB; a limit of 16 MiB would
+# need a larger budget for the records each buffer must be able to take.
 MEMORY_BUDGET_BYTES = 256 * 1024**2
+MAX_FRAME_BYTES = 1024**2
 
 
 @dataclasses.dataclass
@@ -74,7 +76,7 @@ async def read_boxes(settings: Settings, expected: int) -> list:
 def settings(kafka_bootstrap):
     return Settings(broker=f"kafka://{kafka_bootstrap}", topic_prefix=f"real-{uuid.uuid4().hex[:8]}.",
                     detector="yolo", join_ttl_s=600.0, done_marker_ttl_s=600.0,
-                    memory_budget_bytes=MEMORY_BUDGET_BYTES)
+                    memory_budget_bytes=MEMORY_BUDGET_BYTES, max_frame_bytes=MAX_FRAME_BYTES)
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def join_settings(kafka_bootstrap, tmp_path, request):
                             stages=("join",), data_dir=tmp_path / "join", web_port=free_port(),
                             memory_budget_bytes=512 * 1024**2,
                             processing_guarantee=request.param).replace(**overrides)
-        asyncio.run(ensure_topics(settings, with_changelog=True))
+        asyncio.run(ensure_topics(settings, layouts=[settings.stages]))
         return settings
     return make
 

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
 from streamapp.errors import ExitCode
 from streamapp.settings import Settings
+from streamapp.tools.localkafka.acls import create_acls, pipeline_acls
+from streamapp.tools.localkafka.processes import free_port, run_async
 from streamapp.tools.localkafka.security import ADMIN, PIPELINE, make_certificates
-from streamapp.topics import ConfigRefused, TopicSpec, create_topics, topic_names
+from streamapp.tools.workers import Worker, wait_until
+from streamapp.topics import ConfigRefused, TopicSpec, changelog_name, create_topics, topic_names
 
 from secured import PIPELINE_PASSWORD_MARK, assert_one_line, run_cli, run_worker, user_env
 
@@ -103,3 +107,33 @@ def test_a_config_the_broker_refuses_is_named_with_its_setting(topics_made_by_ad
     assert "refused topic refused-config's max.message.bytes" in str(refused.value)
     assert "max.message.bytes comes from STREAMAPP_MAX_FRAME_BYTES" in str(refused.value)
     assert refused.value.exit_code == ExitCode.CONFIG_REFUSED
+
+
+def test_an_admin_makes_the_changelogs_of_the_layouts_the_pipeline_user_runs(secure_kafka, tmp_path):
+    """The join changelog's name comes from the worker's stage set. An admin's `topics create`
+    makes the one of each stage set asked for (--stages), by default those of all four stages in
+    one worker and of one worker per stage, whatever the admin's own STREAMAPP_STAGES: a join
+    worker run alone as the pipeline user, who may not create topics, then finds its changelog."""
+    prefix = f"layouts-{uuid.uuid4().hex[:8]}."
+    pipeline = user_env(secure_kafka, PIPELINE, STREAMAPP_TOPIC_PREFIX=prefix)
+    acls = pipeline_acls(Settings.from_env(pipeline))
+    run_async(lambda: create_acls(secure_kafka.bootstrap, f"User:{PIPELINE}", acls, secure_kafka.client_options(ADMIN)))
+    admin = user_env(secure_kafka, ADMIN, STREAMAPP_TOPIC_PREFIX=prefix)
+    changelog = {stages: changelog_name(Settings(topic_prefix=prefix, stages=stages))
+                 for stages in [("join",), ("resize", "join"), ("resize", "infer", "join", "sink")]}
+
+    asked = run_cli(admin, "topics", "create", "--stages", "resize,join")
+    assert asked.returncode == 0, asked.stderr
+    assert changelog["resize", "join"] in asked.stdout and changelog["join",] not in asked.stdout
+
+    made = run_cli(admin, "topics", "create")
+    assert made.returncode == 0, made.stderr
+    assert changelog["join",] in made.stdout and changelog["resize", "infer", "join", "sink"] in made.stdout
+
+    join = Settings.from_env({**pipeline, "STREAMAPP_STAGES": "join", "STREAMAPP_DATA_DIR": str(tmp_path / "data"),
+                              "STREAMAPP_WEB_PORT": str(free_port())})
+    worker = Worker("join", join, tmp_path)
+    try:
+        wait_until(worker.ready, 120, "the pipeline user's join worker to be ready")  # not exit 15
+    finally:
+        worker.stop()

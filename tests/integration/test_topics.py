@@ -14,7 +14,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from streamapp.errors import ExitCode
 from streamapp.settings import Settings
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.topics import TopicError, check_copartitioned, disk_plan, ensure_topics, topic_names
+from streamapp.topics import TopicError, changelog_name, check_copartitioned, disk_plan, ensure_topics, topic_names
 
 
 def settings_for(bootstrap: str, **changes) -> Settings:
@@ -44,7 +44,7 @@ async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
 def test_topics_are_created_with_the_disk_plan_and_one_frame_limit(kafka_bootstrap):
     settings = settings_for(kafka_bootstrap, max_frame_bytes=4 * 1024**2, partitions=3,
                             broker_disk_budget_bytes=6 * 1024**3)
-    created = asyncio.run(ensure_topics(settings, with_changelog=True))
+    created = asyncio.run(ensure_topics(settings, layouts=[settings.stages]))
     assert len(created) == 6
     plan = disk_plan(settings)
     for planned in plan.topics:
@@ -56,10 +56,10 @@ def test_topics_are_created_with_the_disk_plan_and_one_frame_limit(kafka_bootstr
     assert plan.total_bytes <= 6 * 1024**3
     frames = asyncio.run(topic_config(kafka_bootstrap, topic_names(settings)["frames"]))
     assert frames["cleanup.policy"] == "delete"
-    changelog = asyncio.run(topic_config(kafka_bootstrap, f"{settings.group_id}-join-changelog"))
+    changelog = asyncio.run(topic_config(kafka_bootstrap, changelog_name(settings)))
     assert changelog["cleanup.policy"] == "compact,delete"
     assert int(changelog["segment.ms"]) <= 60_000
-    assert asyncio.run(ensure_topics(settings, with_changelog=True)) == []
+    assert asyncio.run(ensure_topics(settings, layouts=[settings.stages])) == []
 
 
 def test_topics_create_prints_the_plan_it_creates(kafka_bootstrap):

@@ -1,18 +1,23 @@
-"""The memory budget: every buffer's share fits in it, and stream buffers are bounded in bytes."""
+"""The memory budget: every share of the plan together stays within nine tenths of it, and stream
+buffers are bounded in bytes."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 
 import pytest
 from mode.utils.queues import FlowControlEvent
 
+from streamapp.errors import ExitCode, UsageError, one_line
 from streamapp.kafka.buffers import ByteBoundedQueue
 from streamapp.kafka.producer import SendBufferBytes
+from streamapp.memoryplan import MemoryPlan
 from streamapp.settings import BACKPRESSURE, DROP_OLDEST, STAGES, Settings, SettingsError
-from streamapp.topics import max_record_bytes
-from streamapp.worker.budget import MemoryPlan, OverloadCounts
+from streamapp.units import parse_bytes
+from streamapp.worker.budget import OverloadCounts, memory_plan
+from streamapp.worker.factory import create_app
 
 MIB = 1024**2
 
@@ -33,23 +38,63 @@ class Event:
         self.acked = True
 
 
-def _planned_bytes(plan: MemoryPlan, settings: Settings) -> int:
-    fetched = settings.partitions * 3 * plan.fetch_bytes_per_partition + max_record_bytes(settings)
-    produced = (settings.partitions * 2 + 1) * 2 * plan.producer_batch_bytes + plan.send_buffer_bytes
-    return plan.rocksdb_bytes + plan.stream_buffer_bytes * len(settings.stages) + fetched + produced
+# Stage sets: each stage alone, the pairs a small deployment runs, and all four in one worker.
+STAGE_SETS = [(stage,) for stage in STAGES] + [("resize", "infer"), ("join", "sink"), STAGES]
+BUDGETS = [64 * MIB, 128 * MIB, 256 * MIB, 512 * MIB, 1024 * MIB, 4096 * MIB]
 
 
-@pytest.mark.parametrize("budget, frame, stages, partitions", [
-    (1024 * MIB, 16 * MIB, STAGES, 4),
-    (512 * MIB, 16 * MIB, ("join",), 4),
-    (256 * MIB, 4 * MIB, ("join",), 12),
-    (128 * MIB, 1 * MIB, ("resize", "infer"), 8),
-])
-def test_every_buffer_share_fits_in_the_budget(budget, frame, stages, partitions):
-    settings = Settings(memory_budget_bytes=budget, max_frame_bytes=frame, stages=stages, partitions=partitions)
-    plan = MemoryPlan.for_settings(settings)
-    assert _planned_bytes(plan, settings) <= budget * 0.9
-    assert plan.stream_buffer_bytes >= max_record_bytes(settings)  # one frame always fits
+def _plan_or_smallest(settings: Settings) -> MemoryPlan | int:
+    """The worker's plan, or the smallest budget its refusal names."""
+    try:
+        return memory_plan(settings)
+    except UsageError as exc:
+        assert str(exc).count("\n") == 0 and "STREAMAPP_MEMORY_BUDGET=" in str(exc)
+        smallest = re.search(r"give it at least (\d+MiB),", str(exc))
+        assert smallest, str(exc)
+        return parse_bytes(smallest.group(1), name="budget")
+
+
+@pytest.mark.parametrize("stages", STAGE_SETS, ids=",".join)
+@pytest.mark.parametrize("partitions", [1, 4, 12, 48])
+@pytest.mark.parametrize("frame", [64 * 1024, 1 * MIB, 4 * MIB, 16 * MIB])
+def test_every_share_adds_up_to_at_most_nine_tenths_of_the_budget(stages, partitions, frame):
+    for budget in BUDGETS:
+        settings = Settings(memory_budget_bytes=budget, max_frame_bytes=frame, stages=stages, partitions=partitions)
+        planned = _plan_or_smallest(settings)
+        if isinstance(planned, int):  # refused: the budget it names fits, and the MiB below does not
+            assert planned > budget
+            assert memory_plan(settings.replace(memory_budget_bytes=planned)).planned_bytes <= 0.9 * planned
+            assert isinstance(_plan_or_smallest(settings.replace(memory_budget_bytes=planned - MIB)), int)
+            continue
+        shares = planned.shares()
+        assert sum(shares.values()) == planned.planned_bytes <= 0.9 * budget, shares
+        assert planned.as_metrics()["budget_planned_bytes"] == planned.planned_bytes
+
+
+def test_the_default_worker_fits_with_its_preview_and_frames_at_the_pixel_limit():
+    plan = memory_plan(Settings())
+    shares = plan.shares()
+    assert plan.planned_bytes <= 0.9 * Settings().memory_budget_bytes
+    assert shares["preview"] == Settings().preview_bytes and shares["join batches"] > 0
+    assert shares["decoded frame"] == 6 * Settings().frame_pixel_limit
+    assert shares["RocksDB block cache and write buffers"] == plan.rocksdb_bytes > 0
+
+
+def test_a_worker_without_the_join_plans_no_join_share():
+    shares = memory_plan(Settings(stages=("resize",))).shares()
+    assert shares["RocksDB block cache and write buffers"] == shares["join batches"] == 0
+    assert shares["recovery buffer"] == shares["preview"] == 0 and shares["decoded frame"] > 0
+
+
+def test_a_budget_too_small_for_the_frames_is_refused_in_one_line_with_the_smallest_that_fits(tmp_path):
+    settings = Settings(memory_budget_bytes=256 * MIB, data_dir=tmp_path)
+    with pytest.raises(UsageError) as refused:
+        create_app(settings)
+    message = one_line(refused.value)
+    assert message.startswith("STREAMAPP_MEMORY_BUDGET=256.0MiB is too small for stages resize,infer,join,sink")
+    assert "give it at least 664MiB, or lower STREAMAPP_MAX_FRAME_BYTES, STREAMAPP_PARTITIONS or " \
+           "STREAMAPP_PREVIEW_BYTES" in message
+    assert refused.value.exit_code == ExitCode.USAGE
 
 
 def test_memory_budget_rejects_ambiguous_units():

@@ -519,7 +519,8 @@ def test_session_timeouts_reach_the_consumer_and_the_join_s_outlasts_a_reschedul
     others = set(STAGES) - {"join"}
     assert timeouts["join"] >= 30 and timeouts["join"] > max(timeouts[stage] for stage in others)
     assert grace["join"] > max(grace[stage] for stage in others)
-    app = create_app(Settings(data_dir=tmp_path / "data", memory_budget_bytes=256 * MIB, session_timeout_s=45.0))
+    app = create_app(Settings(data_dir=tmp_path / "data", memory_budget_bytes=256 * MIB, max_frame_bytes=MIB,
+                              session_timeout_s=45.0))
     assert app.conf.broker_session_timeout == 45.0
 
 

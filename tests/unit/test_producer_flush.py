@@ -78,7 +78,8 @@ def test_flush_waits_for_a_slow_ack():
 def test_the_send_buffer_size_is_its_bytes_against_the_byte_limit():
     async def scenario():
         buffer = ByteSendBuffer()
-        buffer.pending, buffer.max_messages = SendBufferBytes(), 250  # as the app sets them
+        buffer.pending = SendBufferBytes()
+        buffer.limit_bytes(250)  # as the app sets it
         for _ in range(2):
             buffer.pending.put_nowait(Sent(100))
         assert buffer.size == 200 and not buffer.size > buffer.max_messages

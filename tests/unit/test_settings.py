@@ -120,7 +120,6 @@ def test_bad_values_are_rejected_with_the_variable_name(variable, value):
 @pytest.mark.parametrize("changes, variable", [
     ({"join_ttl_s": 1.0, "sweep_interval_s": 2.0}, "STREAMAPP_SWEEP_INTERVAL"),
     ({"join_ttl_s": 10.0, "done_marker_ttl_s": 5.0}, "STREAMAPP_DONE_MARKER_TTL"),
-    ({"max_frame_bytes": 16 * MIB, "memory_budget_bytes": 64 * MIB}, "STREAMAPP_MEMORY_BUDGET"),
     ({"max_frame_bytes": 1024}, "STREAMAPP_MAX_FRAME_BYTES"),
     ({"partitions": 0}, "STREAMAPP_PARTITIONS"),
     ({"stages": ()}, "STREAMAPP_STAGES"),

@@ -1,9 +1,20 @@
-"""The broker disk plan: one budget split over every topic partition, refused when it cannot fit."""
+"""The broker disk plan: one budget split over every topic partition, refused when it cannot fit;
+and the join changelogs of the stage sets the workers run."""
 
 import pytest
 
-from streamapp.settings import Settings
-from streamapp.topics import BROKER_OWN_BYTES, MAX_SEGMENT_BYTES, TopicError, disk_plan, max_record_bytes, topic_specs
+from streamapp.settings import STAGES, Settings
+from streamapp.topics import (
+    BROKER_OWN_BYTES,
+    JOIN_TABLE,
+    MAX_SEGMENT_BYTES,
+    TopicError,
+    changelog_name,
+    disk_plan,
+    max_record_bytes,
+    topic_specs,
+)
+from streamapp.worker.factory import create_app
 
 MIB, GIB = 1024**2, 1024**3
 
@@ -53,7 +64,7 @@ def test_the_smallest_budget_the_refusal_names_is_accepted():
 def test_topic_configs_are_the_plan():
     settings = Settings(partitions=3, broker_disk_budget_bytes=8 * GIB)
     plan = disk_plan(settings)
-    for spec in topic_specs(settings, with_changelog=True):
+    for spec in topic_specs(settings, layouts=[settings.stages]):
         planned = plan.topic(spec.name)
         assert spec.partitions == planned.partitions
         assert int(spec.config["retention.bytes"]) == planned.retention_bytes
@@ -66,3 +77,22 @@ def test_the_plan_prints_topic_partitions_bytes_each_and_total():
     assert lines[0].split() == ["topic", "partitions", "bytes", "each", "total"]
     assert lines[1].split()[:2] == ["frames", "2"]
     assert lines[-1].startswith("total") and lines[-1].endswith("of 4.0GiB")
+
+
+def test_each_stage_set_that_runs_the_join_has_a_changelog_of_its_own():
+    settings = Settings(topic_prefix="p.", partitions=3)
+    layouts = [STAGES, ("join",), ("sink", "join", "infer", "resize"), ("resize", "infer"), ("join", "sink")]
+    changelogs = [spec for spec in topic_specs(settings, layouts=layouts) if spec.name.endswith("-changelog")]
+    assert [spec.name for spec in changelogs] == [
+        "p.streamapp-all-join-changelog", "p.streamapp-join-join-changelog", "p.streamapp-join-sink-join-changelog"]
+    assert all(spec.partitions == 3 and spec.feeds_join and spec.config["cleanup.policy"] == "compact,delete"
+               for spec in changelogs)
+    assert not any(spec.name.endswith("-changelog") for spec in topic_specs(settings))
+
+
+def test_the_join_table_s_changelog_is_the_one_the_topics_are_made_with(tmp_path):
+    # 256 MiB: a RocksDB pool of 64 MiB, the size the store tests give the process-wide pool.
+    settings = Settings(stages=("join", "sink"), data_dir=tmp_path / "data", out_dir=tmp_path / "out",
+                        memory_budget_bytes=256 * MIB, max_frame_bytes=1 * MIB)
+    app = create_app(settings)
+    assert app.tables[JOIN_TABLE].changelog_topic.get_topic_name() == changelog_name(settings)

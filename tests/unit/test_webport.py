@@ -36,9 +36,10 @@ FAUST_OVERRIDES = {"WEB_BIND": "0.0.0.0", "APP_WEB_TABLES_ENABLED": "true", "APP
 
 
 def _app(tmp_path):
-    # 256 MiB: a RocksDB pool of 64 MiB, the size the store tests give the process-wide pool.
+    # 256 MiB: a RocksDB pool of 64 MiB, the size the store tests give the process-wide pool; frames
+    # of up to 1 MiB, for which four stages' buffers fit in it.
     return create_app(Settings(data_dir=tmp_path / "data", out_dir=tmp_path / "out",
-                               memory_budget_bytes=256 * 1024**2))
+                               memory_budget_bytes=256 * 1024**2, max_frame_bytes=1024**2))
 
 
 def test_a_worker_serves_exactly_the_documented_routes_whatever_faust_s_variables_say(tmp_path, monkeypatch):
@@ -180,7 +181,7 @@ def test_a_worker_says_at_start_what_it_ignores_and_does_not_serve(tmp_path, mon
     monkeypatch.setenv("WEB_BIND", "0.0.0.0")
     monkeypatch.setenv("BROKER_URL", "kafka://elsewhere:9092")
     app = create_app(Settings(data_dir=tmp_path / "data", out_dir=tmp_path / "out", memory_budget_bytes=256 * 1024**2,
-                              web_bind="0.0.0.0"))
+                              max_frame_bytes=1024**2, web_bind="0.0.0.0"))
     with caplog.at_level(logging.WARNING, logger="streamapp.worker.factory"):
         app._log_what_is_not_used()
     ignored, not_served = [record.getMessage() for record in caplog.records]

@@ -311,7 +311,8 @@ class StreamappJoin(System):
         return Topics(prefix, names["frames"], names["detections"], names["joined"])
 
     async def create_topics(self, topics: Topics) -> None:
-        await ensure_topics(self.worker_settings(topics.prefix), with_changelog=True)
+        settings = self.worker_settings(topics.prefix)
+        await ensure_topics(settings, layouts=[settings.stages])
 
     def start(self, topics: Topics, scratch: Path, logs: Path) -> Running:
         settings = self.worker_settings(topics.prefix).replace(data_dir=scratch / "data", web_port=free_port())

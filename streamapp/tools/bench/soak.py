@@ -76,7 +76,7 @@ def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
 
 
 async def _create_topics(settings: Settings, options: SoakOptions) -> None:
-    await ensure_topics(settings, with_changelog=True)
+    await ensure_topics(settings, layouts=[settings.stages])
     if options.baseline == "naive":
         await create_plain_topics(settings, [naive_topic(settings)])
 
