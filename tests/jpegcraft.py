@@ -53,6 +53,22 @@ def progressive(width: int = 64, height: int = 48) -> bytes:
     return buffer.tobytes()
 
 
+def one_scan_progressive() -> bytes:
+    """A small progressive JPEG cut after its first scan: one scan, yet libjpeg buffers every
+    coefficient, as for all progressive JPEGs."""
+    header, data = _split(progressive())
+    return header + data[:data.index(_SOS)] + _EOI
+
+
+def non_interleaved() -> bytes:
+    """A small baseline JPEG whose first scan names only its first component (its data is the
+    interleaved one's, which nothing decodes before the budget refuses it)."""
+    header, data = _split(encode_jpeg(np.full((48, 64, 3), 90, np.uint8), 90))
+    sos = header.index(_SOS)
+    selector, spectral = header[sos + 5:sos + 7], header[-3:]
+    return header[:sos] + _SOS + struct.pack(">HB", 8, 1) + selector + spectral + data
+
+
 def many_scans(scans: int) -> bytes:
     """A small progressive JPEG whose scans are repeated until it has ``scans`` of them."""
     header, data = _split(progressive())
@@ -75,6 +91,10 @@ def corpus(max_pixels: int) -> dict[str, tuple[bytes, type[CorruptFrame]]]:
         "largest size a header can claim": (with_size(small, 65535, 65535), OverPixelBudget),
         "progressive, pixels within the limit, coefficients not": (with_size(progressive(), side, side),
                                                                    OverPixelBudget),
+        "progressive cut to one scan, pixels within the limit, coefficients not": (
+            with_size(one_scan_progressive(), side, side), OverPixelBudget),
+        "non-interleaved first scan, pixels within the limit, coefficients not": (
+            with_size(non_interleaved(), side, side), OverPixelBudget),
         "500 progressive scans": (many_scans(500), OverPixelBudget),
         "no end-of-image marker": (small[:len(small) // 2], CorruptFrame),
         "cut inside the frame header": (small[:small.index(b"\xff\xc0") + 7], CorruptFrame),
