@@ -78,6 +78,15 @@ def many_scans(scans: int) -> bytes:
     return header[:header.index(_SOS)] + body * repeats + _EOI
 
 
+def with_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """``jpeg`` with an EXIF segment (APP1) after its start-of-image marker that tells viewers to
+    turn it: 6 is a quarter turn clockwise, so a 3072x1024 image shows as 1024x3072."""
+    entry = struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0)  # Orientation, one SHORT
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8) + struct.pack(">H", 1) + entry + struct.pack(">I", 0)
+    exif = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(exif)) + exif + jpeg[2:]
+
+
 def corpus(max_pixels: int) -> dict[str, tuple[bytes, type[CorruptFrame]]]:
     """Crafted frames that must be refused before they are decoded, each with the error that
     refuses it, for a process whose frame pixel limit is ``max_pixels``."""

@@ -106,6 +106,22 @@ def test_every_crafted_frame_is_refused_by_every_decoding_stage_before_it_is_dec
     assert "\n" not in str(refusals[0])
 
 
+def test_an_exif_orientation_is_ignored_so_every_stage_sees_the_size_the_header_says():
+    """A turned image would pass the size check as the header's and decode as another shape:
+    resize distorts it, and the sink draws its boxes on it."""
+    image = np.zeros((32, 96, 3), np.uint8)
+    image[:, :48] = 255  # white on the left, black on the right: a turn shows
+    plain = encode_jpeg(image, 95)
+    turned = jpegcraft.with_orientation(plain, 6)
+    assert read_header(turned) == read_header(plain)
+    decoded = decode_jpeg(turned, size=(96, 32))
+    assert decoded.shape == (32, 96, 3) and (decoded == decode_jpeg(plain)).all()
+    frame = Frame(FrameId("cam", 1, 0), 1_700_000_000_000, 96, 32, turned)
+    assert decode_jpeg(resize_frame(frame, 48, 16).jpeg, size=(48, 16)).shape == (16, 48, 3)
+    drawn = decode_jpeg(annotate(Joined(frame, None)))
+    assert drawn.shape == (32, 96, 3) and drawn[-1, 0].mean() > 200 and drawn[-1, -1].mean() < 50
+
+
 def test_a_frame_with_too_many_scans_is_refused_and_one_with_few_is_not():
     assert count_scans(jpegcraft.many_scans(MAX_SCANS + 1)) > MAX_SCANS
     with pytest.raises(OverPixelBudget, match="scans, over the 100"):
