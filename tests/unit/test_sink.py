@@ -218,6 +218,25 @@ def test_a_restarted_assembler_rebuilds_the_open_segment_and_keeps_the_closed_on
     assert again.advance() == 0 and again.finish() == []
 
 
+def test_segments_from_frame_10_to_the_8_on_are_found_in_order_after_a_restart(tmp_path):
+    """Their names grow a ninth digit: a restarted sink still counts and deletes them, and its
+    video goes on after the last of them."""
+    first = 10**8 - 4
+    sink = FrameFileSink(tmp_path)
+    for n in range(6):
+        sink.write(Joined(_grey_frame(first + n, level=20 + 30 * n), None))
+    assert len(VideoAssembler(tmp_path, "cam", 1, segment_frames=2).finish()) == 3
+
+    segments = video_segments(tmp_path, "cam", 1)  # as a restarted sink finds them
+    assert [path.name for path in segments] == \
+        ["99999996-99999997.avi", "99999998-99999999.avi", "100000000-100000001.avi"]
+    levels = _levels_of(segments)
+    assert len(levels) == 6 and levels == sorted(levels)
+    assert VideoAssembler(tmp_path, "cam", 1, segment_frames=2).next_index == 10**8 + 2
+    on_disk = sum(path.stat().st_blocks * 512 for path in tmp_path.rglob("*") if path.is_file())
+    assert StreamRetention(tmp_path, budget_bytes=100 * MIB).kept_bytes == on_disk
+
+
 def test_a_full_disk_stops_the_video_before_the_frame_and_it_goes_on_after(tmp_path):
     sink = FrameFileSink(tmp_path)
     _write_frames(sink, range(6))
