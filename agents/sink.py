@@ -111,9 +111,18 @@ def _draw_banner(image: np.ndarray, text: str, scale: float) -> None:
 # --- frame files ------------------------------------------------------------------------------
 
 
+def _private_dirs(directory: Path) -> None:
+    """``directory`` and its missing parents, each made 0700: the footage is the sink's user's
+    alone, its files 0600 (frames by mkstemp, video segments by :meth:`VideoAssembler._open`)."""
+    if directory.is_dir():
+        return
+    _private_dirs(directory.parent)
+    directory.mkdir(mode=0o700, exist_ok=True)
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
     """Readers see the whole file or none of it, even after a crash or power loss."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _private_dirs(path.parent)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as file:
@@ -433,13 +442,14 @@ class VideoAssembler:
         return []
 
     def _open(self, image: np.ndarray) -> cv2.VideoWriter:
-        self.video_dir.mkdir(parents=True, exist_ok=True)
+        _private_dirs(self.video_dir)
         self._segment_first = self.next_index
         self._size = (image.shape[1], image.shape[0])
         writer = cv2.VideoWriter(str(self._partial_path()), cv2.CAP_OPENCV_MJPEG,
                                  cv2.VideoWriter.fourcc(*"MJPG"), self.fps, self._size)
         if not writer.isOpened():
             raise OSError(f"cannot write video {self._partial_path()}")
+        os.chmod(self._partial_path(), 0o600)  # OpenCV creates it as the umask says
         self._writer = writer
         return writer
 

@@ -1,5 +1,7 @@
 import gc
+import os
 import random
+import stat
 
 import cv2
 import numpy as np
@@ -235,6 +237,20 @@ def test_segments_from_frame_10_to_the_8_on_are_found_in_order_after_a_restart(t
     assert VideoAssembler(tmp_path, "cam", 1, segment_frames=2).next_index == 10**8 + 2
     on_disk = sum(path.stat().st_blocks * 512 for path in tmp_path.rglob("*") if path.is_file())
     assert StreamRetention(tmp_path, budget_bytes=100 * MIB).kept_bytes == on_disk
+
+
+def test_the_footage_is_private_whatever_the_umask(tmp_path):
+    """Frames, video segments and every directory the sink makes are its user's alone."""
+    out = tmp_path / "out"
+    umask = os.umask(0o022)
+    try:
+        _write_frames(FrameFileSink(out), range(3))
+        VideoAssembler(out, "cam", 1, segment_frames=2).finish()
+    finally:
+        os.umask(umask)
+    made = [out, *out.rglob("*")]
+    assert {path.name for path in made if path.suffix == ".avi"} == {"00000000-00000001.avi", "00000002-00000002.avi"}
+    assert {(path.is_dir(), stat.S_IMODE(path.stat().st_mode)) for path in made} == {(True, 0o700), (False, 0o600)}
 
 
 def test_a_full_disk_stops_the_video_before_the_frame_and_it_goes_on_after(tmp_path):
