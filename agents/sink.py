@@ -309,13 +309,15 @@ class VideoAssembler:
 
     OpenCV's writer does not report a full disk, so ``check_room`` (which raises DiskFull) is
     asked before each frame, and a closed segment whose frame count is short is deleted and
-    written again from its first frame.
+    written again from its first frame. A writer that cannot be opened ends this run's video
+    (``failed`` says why, ``on_failure`` is told); its frames stay, and need it no longer.
     """
 
     def __init__(self, out_dir: str | Path, stream: str, epoch: int, *, fps: float = 15.0,
                  gap_timeout_s: float | None = None, segment_frames: int = 900,
                  segment_bytes: int = 256 * 1024**2, check_room: Callable[[], None] = _no_room,
                  on_segment: Callable[[Path], None] = lambda path: None,
+                 on_failure: Callable[[str], None] = lambda reason: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = epoch_dir(out_dir, stream, epoch)
         self.frames_dir = self.directory / "frames"
@@ -326,7 +328,9 @@ class VideoAssembler:
         self.segment_bytes = segment_bytes
         self._check_room = check_room
         self._on_segment = on_segment
+        self._on_failure = on_failure
         self._clock = clock
+        self.failed: str | None = None
         self.next_index = self._resume_index(out_dir, stream, epoch)
         self.appended = 0
         self.gaps = 0
@@ -350,11 +354,11 @@ class VideoAssembler:
         A limit bounds the time one call takes, e.g. while catching up after a restart.
         """
         appended = 0
-        while limit is None or appended < limit:
+        while self.failed is None and (limit is None or appended < limit):
             path = self._path(self.next_index)
             if path.exists():
                 self._append(path)
-                appended += 1
+                appended += self.failed is None
                 self._waiting_since = None
                 continue
             now = self._clock()
@@ -377,7 +381,7 @@ class VideoAssembler:
         segment; returns the segments closed meanwhile."""
         closed = []
         for index in _frame_indices(self.frames_dir):
-            if index >= self.next_index:
+            if index >= self.next_index and self.failed is None:
                 self.gaps += index - self.next_index
                 self.next_index = index
                 closed += self._append(self._path(index))
@@ -429,6 +433,8 @@ class VideoAssembler:
             self.next_index += 1
             return []
         writer = self._open(image) if self._writer is None else self._writer
+        if writer is None:
+            return []
         if (image.shape[1], image.shape[0]) != self._size:
             image = cv2.resize(image, self._size, interpolation=cv2.INTER_AREA)
         writer.write(image)
@@ -441,14 +447,16 @@ class VideoAssembler:
             return [segment] if segment else []
         return []
 
-    def _open(self, image: np.ndarray) -> cv2.VideoWriter:
+    def _open(self, image: np.ndarray) -> cv2.VideoWriter | None:
         _private_dirs(self.video_dir)
         self._segment_first = self.next_index
         self._size = (image.shape[1], image.shape[0])
         writer = cv2.VideoWriter(str(self._partial_path()), cv2.CAP_OPENCV_MJPEG,
                                  cv2.VideoWriter.fourcc(*"MJPG"), self.fps, self._size)
         if not writer.isOpened():
-            raise OSError(f"cannot write video {self._partial_path()}")
+            self.failed = f"OpenCV cannot create {self._partial_path()}"
+            self._on_failure(self.failed)
+            return None
         os.chmod(self._partial_path(), 0o600)  # OpenCV creates it as the umask says
         self._writer = writer
         return writer
@@ -462,7 +470,9 @@ class VideoAssemblers:
     """One :class:`VideoAssembler` per stream run, finished once its run goes quiet.
 
     A frame that arrives for a run after it was finished starts a new assembler, which goes on
-    after that run's last segment. Every segment closed is passed to ``on_segment``.
+    after that run's last segment. Every segment closed is passed to ``on_segment``. A video that
+    cannot be written is counted in ``failures`` and logged; its run is tried again once it has
+    gone quiet and a frame arrives.
     """
 
     def __init__(self, out_dir: str | Path, *, fps: float = 15.0, gap_timeout_s: float | None = None,
@@ -473,9 +483,16 @@ class VideoAssemblers:
         self.idle_finish_s = idle_finish_s
         self._new_assembler = functools.partial(
             VideoAssembler, fps=fps, gap_timeout_s=gap_timeout_s, segment_frames=segment_frames,
-            segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment, clock=clock)
+            segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment,
+            on_failure=self._count_failure, clock=clock)
         self._clock = clock
         self._active: dict[tuple[str, int], VideoAssembler] = {}
+        self.failures = 0
+
+    def _count_failure(self, reason: str) -> None:
+        self.failures += 1
+        log.warning("a video is not written: %s (its frames are; counted in sink_video_failures_total) — check "
+                    "that STREAMAPP_OUT_DIR is writable and has free inodes and file descriptors", reason)
 
     def advance(self, frame_id: FrameId, limit: int | None = None) -> int:
         """Advance the run of ``frame_id``, starting an assembler for it if it has none."""
@@ -502,7 +519,8 @@ class VideoAssemblers:
         """Whether ``path`` is a frame file that its run's video has not appended yet."""
         frame = frame_id_of(path)
         assembler = self._active.get((frame.stream, frame.epoch)) if frame else None
-        return assembler is not None and frame is not None and frame.index >= assembler.next_index
+        return assembler is not None and frame is not None and assembler.failed is None \
+            and frame.index >= assembler.next_index
 
     @property
     def open_bytes(self) -> int:
@@ -612,6 +630,7 @@ def register(stage: Stage) -> None:
     stage.metrics.add_gauges(lambda: {"sink_frames_written_total": files.written,
                                       "sink_duplicates_total": files.duplicates,
                                       "sink_videos_active": videos.active,
+                                      "sink_video_failures_total": videos.failures,
                                       **retention.as_metrics(), **space.as_metrics("sink_")})
     stage.readiness.add("sink disk not paused", lambda: not space.paused)
     latest = LatestFrames(settings.preview_bytes)

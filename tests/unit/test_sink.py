@@ -1,4 +1,5 @@
 import gc
+import logging
 import os
 import random
 import stat
@@ -251,6 +252,26 @@ def test_the_footage_is_private_whatever_the_umask(tmp_path):
     made = [out, *out.rglob("*")]
     assert {path.name for path in made if path.suffix == ".avi"} == {"00000000-00000001.avi", "00000002-00000002.avi"}
     assert {(path.is_dir(), stat.S_IMODE(path.stat().st_mode)) for path in made} == {(True, 0o700), (False, 0o600)}
+
+
+def test_a_video_that_cannot_be_created_is_counted_and_logged_and_the_sink_goes_on(tmp_path, caplog):
+    sink = FrameFileSink(tmp_path)
+    _write_frames(sink, range(3))
+    # A video directory where no file can be created, whoever the user (OpenCV's writer fails).
+    (tmp_path / "cam" / "1" / "video").symlink_to("/proc/self")
+    videos = VideoAssemblers(tmp_path, idle_finish_s=0)
+    with caplog.at_level(logging.WARNING, "streamapp.agents.sink"):
+        assert videos.advance(FrameId("cam", 1, 0)) == 0
+    assert videos.failures == 1
+    line, = [record.getMessage() for record in caplog.records]
+    assert "OpenCV cannot create" in line and "00000000.partial.avi" in line and "\n" not in line
+    assert not videos.still_to_take(sink.path_for(FrameId("cam", 1, 0)))  # retention may delete them
+    assert videos.advance(FrameId("cam", 1, 1)) == 0 and videos.failures == 1  # tried once per run
+
+    _write_frames(sink, range(2), epoch=2)  # other runs are unaffected
+    assert videos.advance(FrameId("cam", 2, 0)) == 2
+    assert [path.name for path in videos.finish_all()] == ["00000000-00000001.avi"]
+    assert sink.written == 5
 
 
 def test_a_full_disk_stops_the_video_before_the_frame_and_it_goes_on_after(tmp_path):
