@@ -174,14 +174,14 @@ class FrameFileSink:
 # --- retention --------------------------------------------------------------------------------
 
 
+_BLOCK = 4096
+
+
 def _disk_bytes(path: Path) -> int:
     """What a file takes on its file system: its blocks, not its length (a 48 KB frame takes
     52 KB of 4 KiB blocks), so the budget bounds the disk the sink uses; a block at least, so
     the files kept are at most the budget's blocks in number."""
     return max(path.stat().st_blocks * 512, _BLOCK)
-
-
-_BLOCK = 4096
 
 
 class SinkRetention:
@@ -336,7 +336,8 @@ class VideoAssembler:
             path = self._path(self.next_index)
             if path.exists():
                 self._append(path)
-                appended += self.failed is None
+                if self.failed is None:
+                    appended += 1
                 self._waiting_since = None
                 continue
             now = self._clock()
@@ -462,8 +463,8 @@ class VideoAssemblers:
 
     A frame that arrives for a run after it was finished starts a new assembler, which goes on
     after that run's last segment. Every segment closed is passed to ``on_segment``. A video that
-    cannot be written is counted in ``failures`` and logged; its run is tried again once it has
-    gone quiet and a frame arrives.
+    cannot be written is counted in ``failures`` and logged; its run is finished like an idle one,
+    so a frame that arrives after that tries again.
     """
 
     def __init__(self, out_dir: str | Path, *, fps: float = 15.0, gap_timeout_s: float | None = None,
@@ -476,13 +477,13 @@ class VideoAssemblers:
         self.segment_bytes = segment_bytes
         self.max_active = max_active
         self.finished_early = 0
+        self.failures = 0
         self._new_assembler = functools.partial(
             VideoAssembler, fps=fps, gap_timeout_s=gap_timeout_s, segment_frames=segment_frames,
             segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment,
             on_failure=self._count_failure, clock=clock)
         self._clock = clock
         self._active: dict[tuple[str, int], VideoAssembler] = {}
-        self.failures = 0
 
     def _count_failure(self, reason: str) -> None:
         self.failures += 1
