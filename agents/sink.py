@@ -8,9 +8,11 @@ Layout under ``out_dir``::
 
 The frame files are the record of what was written: a restarted sink skips frames that exist, and
 the open segment is rebuilt from the files. Videos are assembled by reading frames back from disk
-one at a time, so memory holds one decoded frame however out of order frames arrive. Each stream
-keeps at most ``STREAMAPP_SINK_DISK_BUDGET`` of frames and closed segments: past it, its oldest
-files are deleted (counted), so a frame redelivered after its file was deleted is written again.
+one at a time, so memory holds one decoded frame however out of order frames arrive. The sink
+keeps at most ``STREAMAPP_SINK_DISK_BUDGET`` of frames and closed segments, all streams together:
+past it, the oldest files are deleted (counted), so a frame redelivered after its file was deleted
+is written again. However many stream ids arrive, the runs assembled at once and the open
+segments' bytes are bounded too.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import collections
 import errno
 import functools
-import itertools
 import logging
 import os
 import tempfile
@@ -111,9 +112,18 @@ def _draw_banner(image: np.ndarray, text: str, scale: float) -> None:
 # --- frame files ------------------------------------------------------------------------------
 
 
+def _private_dirs(directory: Path) -> None:
+    """``directory`` and its missing parents, each made 0700: the footage is the sink's user's
+    alone, its files 0600 (frames by mkstemp, video segments by :meth:`VideoAssembler._open`)."""
+    if directory.is_dir():
+        return
+    _private_dirs(directory.parent)
+    directory.mkdir(mode=0o700, exist_ok=True)
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
     """Readers see the whole file or none of it, even after a crash or power loss."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _private_dirs(path.parent)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as file:
@@ -164,104 +174,81 @@ class FrameFileSink:
 # --- retention --------------------------------------------------------------------------------
 
 
+_BLOCK = 4096
+
+
 def _disk_bytes(path: Path) -> int:
     """What a file takes on its file system: its blocks, not its length (a 48 KB frame takes
-    52 KB of 4 KiB blocks), so the budget bounds the disk the sink uses."""
-    return path.stat().st_blocks * 512
+    52 KB of 4 KiB blocks), so the budget bounds the disk the sink uses; a block at least, so
+    the files kept are at most the budget's blocks in number."""
+    return max(path.stat().st_blocks * 512, _BLOCK)
 
 
-def _all_but_newest(files: collections.deque[tuple[Path, int]]) -> Iterable[tuple[Path, int]]:
-    return itertools.islice(files, max(len(files) - 1, 0))
+class SinkRetention:
+    """The newest ``budget_bytes`` of the sink's files, all streams together (frames and closed
+    segments, as the blocks they take on disk), are kept; past it, the oldest files are deleted,
+    whichever stream wrote them, counted. Files already on disk at start are taken in the order
+    they were last written.
 
-
-class StreamRetention:
-    """The newest ``budget_bytes`` of each stream's files (frames and closed segments, as the
-    blocks they take on disk) are kept; past it, the stream's oldest files are deleted, counted.
-    Files already on disk at start are taken in the order they were last written.
-
-    A disk that fills up before the budgets do is met by :meth:`make_room`: the oldest files go
+    A disk that fills up before the budget does is met by :meth:`make_room`: the oldest files go
     first there too, counted apart, so the sink keeps what its disk holds rather than stopping.
-    Neither deletes a stream's newest file, nor a file ``in_use`` says is still needed (a frame
-    its video has not taken yet: a segment closed to make room is newer than the frames after it)."""
+    Neither deletes a file ``in_use`` says is still needed (a frame its video has not taken yet: a
+    segment closed to make room is newer than the frames after it)."""
 
     def __init__(self, out_dir: str | Path, budget_bytes: int, *,
                  in_use: Callable[[Path], bool] = lambda path: False) -> None:
         self.out_dir = Path(out_dir)
         self.budget_bytes = budget_bytes
         self._in_use = in_use
-        self._files: dict[str, collections.deque[tuple[Path, int]]] = {}
-        self._bytes: collections.Counter[str] = collections.Counter()
+        self._files: collections.deque[tuple[Path, int]] = collections.deque()
+        self.kept_bytes = 0
         self.deleted_files = 0
         self.deleted_bytes = 0
         self.disk_full_deleted_files = 0
         self.disk_full_deleted_bytes = 0
         self._adopt_existing()
 
-    def add(self, stream: str, path: Path) -> None:
+    def add(self, path: Path) -> None:
         size = _disk_bytes(path)
-        self._files.setdefault(stream, collections.deque()).append((path, size))
-        self._bytes[stream] += size
-        self._enforce(stream)
-
-    @property
-    def kept_bytes(self) -> int:
-        return sum(self._bytes.values())
+        self._files.append((path, size))
+        self.kept_bytes += size
+        while self.kept_bytes > self.budget_bytes and (deleted := self._delete_oldest()):
+            self.deleted_files += 1
+            self.deleted_bytes += deleted
 
     @property
     def deletable_bytes(self) -> int:
-        """What :meth:`make_room` can free: every stream's files but its newest and those in use."""
-        return sum(size for files in self._files.values()
-                   for path, size in _all_but_newest(files) if not self._in_use(path))
+        """What :meth:`make_room` can free: every file but those in use."""
+        return sum(size for path, size in self._files if not self._in_use(path))
 
     def make_room(self, enough: Callable[[], bool]) -> int:
-        """Delete the oldest deletable file of the stream that keeps the most bytes, again and
-        again, until ``enough()`` or no stream has a file left to delete; returns the bytes freed."""
+        """Delete the oldest deletable file again and again, until ``enough()`` or none is left;
+        returns the bytes freed."""
         freed = 0
-        while not enough():
-            oldest = {stream: position for stream in self._files
-                      if (position := self._oldest_deletable(stream)) is not None}
-            if not oldest:
-                break
-            stream = max(oldest, key=self._bytes.__getitem__)
-            size = self._delete(stream, oldest[stream])
+        while not enough() and (size := self._delete_oldest()):
             self.disk_full_deleted_files += 1
             self.disk_full_deleted_bytes += size
             freed += size
         return freed
 
-    def _enforce(self, stream: str) -> None:
-        while self._bytes[stream] > self.budget_bytes:
-            position = self._oldest_deletable(stream)
-            if position is None:
-                break
-            size = self._delete(stream, position)
-            self.deleted_files += 1
-            self.deleted_bytes += size
-
-    def _oldest_deletable(self, stream: str) -> int | None:
-        """The position of the stream's oldest file that is neither its newest nor in use."""
-        files = self._files[stream]
-        return next((position for position, (path, _) in enumerate(_all_but_newest(files)) if not self._in_use(path)),
-                    None)
-
-    def _delete(self, stream: str, position: int) -> int:
-        files = self._files[stream]
-        path, size = files[position]
-        del files[position]
+    def _delete_oldest(self) -> int:
+        """Delete the oldest file not in use; its bytes, 0 if there is none."""
+        position = next((position for position, (path, _) in enumerate(self._files) if not self._in_use(path)), None)
+        if position is None:
+            return 0
+        path, size = self._files[position]
+        del self._files[position]
         path.unlink(missing_ok=True)
-        self._bytes[stream] -= size
+        self.kept_bytes -= size
         return size
 
     def _adopt_existing(self) -> None:
         if not self.out_dir.is_dir():
             return
-        for stream_dir in self.out_dir.iterdir():
-            if not stream_dir.is_dir():
-                continue
-            found = [(path.stat().st_mtime_ns, path) for path in stream_dir.glob("*/*/*")
-                     if path.suffix == ".jpg" or SEGMENT_NAME.match(path.name)]
-            for _, path in sorted(found):
-                self.add(stream_dir.name, path)
+        found = [(path.stat().st_mtime_ns, path) for path in self.out_dir.glob("*/*/*/*")
+                 if path.suffix == ".jpg" or SEGMENT_NAME.match(path.name)]
+        for _, path in sorted(found):
+            self.add(path)
 
     def as_metrics(self) -> dict[str, float]:
         return {"sink_disk_budget_bytes": self.budget_bytes,
@@ -300,13 +287,15 @@ class VideoAssembler:
 
     OpenCV's writer does not report a full disk, so ``check_room`` (which raises DiskFull) is
     asked before each frame, and a closed segment whose frame count is short is deleted and
-    written again from its first frame.
+    written again from its first frame. A writer that cannot be opened ends this run's video
+    (``failed`` says why, ``on_failure`` is told); its frames stay, and need it no longer.
     """
 
     def __init__(self, out_dir: str | Path, stream: str, epoch: int, *, fps: float = 15.0,
                  gap_timeout_s: float | None = None, segment_frames: int = 900,
                  segment_bytes: int = 256 * 1024**2, check_room: Callable[[], None] = _no_room,
                  on_segment: Callable[[Path], None] = lambda path: None,
+                 on_failure: Callable[[str], None] = lambda reason: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = epoch_dir(out_dir, stream, epoch)
         self.frames_dir = self.directory / "frames"
@@ -317,7 +306,9 @@ class VideoAssembler:
         self.segment_bytes = segment_bytes
         self._check_room = check_room
         self._on_segment = on_segment
+        self._on_failure = on_failure
         self._clock = clock
+        self.failed: str | None = None
         self.next_index = self._resume_index(out_dir, stream, epoch)
         self.appended = 0
         self.gaps = 0
@@ -341,11 +332,12 @@ class VideoAssembler:
         A limit bounds the time one call takes, e.g. while catching up after a restart.
         """
         appended = 0
-        while limit is None or appended < limit:
+        while self.failed is None and (limit is None or appended < limit):
             path = self._path(self.next_index)
             if path.exists():
                 self._append(path)
-                appended += 1
+                if self.failed is None:
+                    appended += 1
                 self._waiting_since = None
                 continue
             now = self._clock()
@@ -368,7 +360,7 @@ class VideoAssembler:
         segment; returns the segments closed meanwhile."""
         closed = []
         for index in _frame_indices(self.frames_dir):
-            if index >= self.next_index:
+            if index >= self.next_index and self.failed is None:
                 self.gaps += index - self.next_index
                 self.next_index = index
                 closed += self._append(self._path(index))
@@ -398,6 +390,11 @@ class VideoAssembler:
         return path
 
     @property
+    def open_jpeg_bytes(self) -> int:
+        """JPEG bytes of the frames in the open segment (0 if none is open)."""
+        return self._segment_jpeg_bytes
+
+    @property
     def open_bytes(self) -> int:
         """Disk blocks of the open segment (0 if none is open)."""
         partial = self._partial_path()
@@ -420,6 +417,8 @@ class VideoAssembler:
             self.next_index += 1
             return []
         writer = self._open(image) if self._writer is None else self._writer
+        if writer is None:
+            return []
         if (image.shape[1], image.shape[0]) != self._size:
             image = cv2.resize(image, self._size, interpolation=cv2.INTER_AREA)
         writer.write(image)
@@ -432,14 +431,17 @@ class VideoAssembler:
             return [segment] if segment else []
         return []
 
-    def _open(self, image: np.ndarray) -> cv2.VideoWriter:
-        self.video_dir.mkdir(parents=True, exist_ok=True)
+    def _open(self, image: np.ndarray) -> cv2.VideoWriter | None:
+        _private_dirs(self.video_dir)
         self._segment_first = self.next_index
         self._size = (image.shape[1], image.shape[0])
         writer = cv2.VideoWriter(str(self._partial_path()), cv2.CAP_OPENCV_MJPEG,
                                  cv2.VideoWriter.fourcc(*"MJPG"), self.fps, self._size)
         if not writer.isOpened():
-            raise OSError(f"cannot write video {self._partial_path()}")
+            self.failed = f"OpenCV cannot create {self._partial_path()}"
+            self._on_failure(self.failed)
+            return None
+        os.chmod(self._partial_path(), 0o600)  # OpenCV creates it as the umask says
         self._writer = writer
         return writer
 
@@ -448,35 +450,67 @@ class VideoAssembler:
         return {"appended": self.appended, "gaps": self.gaps, "unreadable": self.unreadable}
 
 
+# Stream runs whose video a sink assembles at once, each with an open writer: bounds what stream
+# ids a producer mints cost (past it, the run idle longest is finished).
+MAX_VIDEOS = 128
+
+
 class VideoAssemblers:
-    """One :class:`VideoAssembler` per stream run, finished once its run goes quiet.
+    """One :class:`VideoAssembler` per stream run, finished once its run goes quiet, and at most
+    ``max_active`` at once: a run past them finishes the one that appended last longest ago first
+    (counted in ``finished_early``). The open segments together hold at most ``segment_bytes`` of
+    JPEG: past it the largest is closed where it is.
 
     A frame that arrives for a run after it was finished starts a new assembler, which goes on
-    after that run's last segment. Every segment closed is passed to ``on_segment``.
+    after that run's last segment. Every segment closed is passed to ``on_segment``. A video that
+    cannot be written is counted in ``failures`` and logged; its run is finished like an idle one,
+    so a frame that arrives after that tries again.
     """
 
     def __init__(self, out_dir: str | Path, *, fps: float = 15.0, gap_timeout_s: float | None = None,
                  idle_finish_s: float = 60.0, segment_frames: int = 900, segment_bytes: int = 256 * 1024**2,
-                 check_room: Callable[[], None] = _no_room, on_segment: Callable[[Path], None] = lambda path: None,
+                 max_active: int = MAX_VIDEOS, check_room: Callable[[], None] = _no_room,
+                 on_segment: Callable[[Path], None] = lambda path: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.out_dir = Path(out_dir)
         self.idle_finish_s = idle_finish_s
+        self.segment_bytes = segment_bytes
+        self.max_active = max_active
+        self.finished_early = 0
+        self.failures = 0
         self._new_assembler = functools.partial(
             VideoAssembler, fps=fps, gap_timeout_s=gap_timeout_s, segment_frames=segment_frames,
-            segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment, clock=clock)
+            segment_bytes=segment_bytes, check_room=check_room, on_segment=on_segment,
+            on_failure=self._count_failure, clock=clock)
         self._clock = clock
         self._active: dict[tuple[str, int], VideoAssembler] = {}
+
+    def _count_failure(self, reason: str) -> None:
+        self.failures += 1
+        log.warning("a video is not written: %s (its frames are; counted in sink_video_failures_total) — check "
+                    "that STREAMAPP_OUT_DIR is writable and has free inodes and file descriptors", reason)
 
     def advance(self, frame_id: FrameId, limit: int | None = None) -> int:
         """Advance the run of ``frame_id``, starting an assembler for it if it has none."""
         key = (frame_id.stream, frame_id.epoch)
         if key not in self._active:
+            if len(self._active) >= self.max_active:
+                self._finish([min(self._active, key=lambda run: self._active[run].last_progress)])
+                self.finished_early += 1
             self._active[key] = self._new_assembler(self.out_dir, *key)
-        return self._active[key].advance(limit)
+        appended = self._active[key].advance(limit)
+        self._close_largest_open_segments()
+        return appended
 
     def advance_all(self, limit: int | None = None) -> int:
         """Advance every active run: lets gap timeouts fire when no frames arrive."""
-        return sum(assembler.advance(limit) for assembler in self._active.values())
+        appended = sum(assembler.advance(limit) for assembler in self._active.values())
+        self._close_largest_open_segments()
+        return appended
+
+    def _close_largest_open_segments(self) -> None:
+        while sum(assembler.open_jpeg_bytes for assembler in self._active.values()) > self.segment_bytes:
+            max(self._active.values(), key=lambda assembler: assembler.open_jpeg_bytes).close_segment()
 
     def finish_idle(self) -> list[Path]:
         """Finish the runs that appended nothing for ``idle_finish_s``; returns the segments closed."""
@@ -492,7 +526,8 @@ class VideoAssemblers:
         """Whether ``path`` is a frame file that its run's video has not appended yet."""
         frame = frame_id_of(path)
         assembler = self._active.get((frame.stream, frame.epoch)) if frame else None
-        return assembler is not None and frame is not None and frame.index >= assembler.next_index
+        return assembler is not None and frame is not None and assembler.failed is None \
+            and frame.index >= assembler.next_index
 
     @property
     def open_bytes(self) -> int:
@@ -521,7 +556,7 @@ class VideoAssemblers:
 
 # Frames appended to a video per call: bounds one call's time while a restarted sink catches up.
 VIDEO_STEP = 64
-# A video segment is closed after this long of frames (or an eighth of the stream's disk budget).
+# A video segment is closed after this long of frames (or when the open ones hold an eighth of the disk budget).
 SEGMENT_SECONDS = 60
 SEGMENT_SHARE = 8
 FPS = 15.0
@@ -578,8 +613,8 @@ def register(stage: Stage) -> None:
         target = space.resume_bytes + settings.sink_disk_budget_bytes // SEGMENT_SHARE
         if retention.make_room(lambda: out_free() >= target) and not room_warned:
             room_warned = True
-            log.warning("the sink's disk filled up before its budget (%s per stream): its oldest files are deleted "
-                        "to keep %s free, counted in sink_disk_full_deleted_files_total — give it streams x 5/4 x "
+            log.warning("the sink's disk filled up before its budget (%s): its oldest files are deleted to keep %s "
+                        "free, counted in sink_disk_full_deleted_files_total — give it 5/4 x "
                         "STREAMAPP_SINK_DISK_BUDGET plus STREAMAPP_DISK_RESERVE, or lower STREAMAPP_SINK_DISK_BUDGET",
                         format_bytes(settings.sink_disk_budget_bytes), format_bytes(space.resume_bytes))
 
@@ -591,17 +626,18 @@ def register(stage: Stage) -> None:
             if out_free() < settings.disk_reserve_bytes:
                 raise DiskFull(errno.ENOSPC, f"under {settings.disk_reserve_bytes} bytes free")
 
-    retention = StreamRetention(settings.out_dir, settings.sink_disk_budget_bytes,
-                                in_use=lambda path: videos.still_to_take(path))
     files = FrameFileSink(settings.out_dir, quality=settings.jpeg_quality)
     videos = VideoAssemblers(settings.out_dir, fps=FPS,
                              gap_timeout_s=2 * (settings.join_ttl_s + settings.sweep_interval_s),
                              segment_frames=round(FPS * SEGMENT_SECONDS),
                              segment_bytes=settings.sink_disk_budget_bytes // SEGMENT_SHARE, check_room=check_room,
-                             on_segment=lambda path: retention.add(path.parent.parent.parent.name, path))
+                             on_segment=lambda path: retention.add(path))
+    retention = SinkRetention(settings.out_dir, settings.sink_disk_budget_bytes, in_use=videos.still_to_take)
     stage.metrics.add_gauges(lambda: {"sink_frames_written_total": files.written,
                                       "sink_duplicates_total": files.duplicates,
                                       "sink_videos_active": videos.active,
+                                      "sink_video_failures_total": videos.failures,
+                                      "sink_videos_finished_early_total": videos.finished_early,
                                       **retention.as_metrics(), **space.as_metrics("sink_")})
     stage.readiness.add("sink disk not paused", lambda: not space.paused)
     latest = LatestFrames(settings.preview_bytes)
@@ -612,7 +648,7 @@ def register(stage: Stage) -> None:
         check_room()
         jpeg = files.write_annotated(joined)
         if jpeg is not None:
-            retention.add(joined.frame.id.stream, files.path_for(joined.frame.id))
+            retention.add(files.path_for(joined.frame.id))
         return jpeg
 
     async def write(joined: Joined) -> None:

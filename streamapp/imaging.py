@@ -16,11 +16,13 @@ from streamapp.jpeg import CorruptFrame, OverPixelBudget, check_decode_cost, che
 from streamapp.opencv import cv2
 from streamapp.wire import Frame
 
-__all__ = ["UNUSABLE_PIXELS", "CorruptFrame", "OverPixelBudget", "decode_frame", "decode_jpeg", "encode_jpeg",
-           "jpeg_size"]
+__all__ = ["AS_STORED", "UNUSABLE_PIXELS", "CorruptFrame", "OverPixelBudget", "decode_frame", "decode_jpeg",
+           "encode_jpeg", "jpeg_size"]
 
 # What pixel work on bad input can raise: our own checks, or OpenCV's on what slips past them.
 UNUSABLE_PIXELS = (CorruptFrame, cv2.error)
+# Pixels as stored: an EXIF orientation would turn the image after its size was checked.
+AS_STORED = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
 
 
 def decode_jpeg(jpeg: bytes, *, size: tuple[int, int] | None = None, max_pixels: int | None = None) -> np.ndarray:
@@ -32,7 +34,7 @@ def decode_jpeg(jpeg: bytes, *, size: tuple[int, int] | None = None, max_pixels:
     header = check_jpeg(jpeg, size)
     check_decode_cost(jpeg, header, opencv.PIXEL_LIMIT if max_pixels is None else max_pixels)
     try:
-        image = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), cv2.IMREAD_COLOR)
+        image = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), AS_STORED)
     except cv2.error as exc:  # its own limits, on what slipped past ours
         raise CorruptFrame(f"JPEG data cannot be decoded: {one_line(exc)}") from None
     if image is None:

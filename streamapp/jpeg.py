@@ -20,6 +20,8 @@ _START = b"\xff\xd8"
 _END = b"\xff\xd9"
 # Start-of-frame markers (baseline, progressive, lossless, arithmetic...): all but DHT, JPG, DAC.
 _START_OF_FRAME = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Those of progressive JPEGs (Huffman or arithmetic, sequential or hierarchical).
+_PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 # Markers that stand alone, without a length field.
 _STANDALONE = frozenset(range(0xD0, 0xD9)) | {0x01}
 # A start-of-scan marker. Entropy-coded data escapes every 0xFF (0xFF00), so outside metadata
@@ -33,7 +35,7 @@ MAX_SCANS = 100
 # beside it until it returns (measured: docs/benchmarks.md, Measurements).
 DECODE_BYTES_PER_PIXEL = 6
 # Bytes per sample of a component's DCT coefficients, which libjpeg keeps for the whole image
-# until the last scan when a JPEG has more than one.
+# until the last scan when a JPEG may have more than one (JpegHeader.buffers_coefficients).
 _COEFFICIENT_BYTES = 2
 
 
@@ -52,14 +54,22 @@ class JpegHeader:
     width: int
     height: int
     components: int  # 1 grey, 3 YCbCr, 4 CMYK
+    progressive: bool = False
 
-    def decode_bytes(self, scans: int) -> int:
+    def decode_bytes(self, scans: int, first_scan_components: int) -> int:
         """Memory a decode of a JPEG of ``scans`` scans takes: the image and OpenCV's copy, and
-        with several scans every component's coefficients (counted at full resolution, an upper
-        bound when chroma is subsampled)."""
+        when libjpeg buffers the whole image's coefficients, every component's (counted at full
+        resolution, an upper bound when chroma is subsampled)."""
         pixels = self.width * self.height
-        coefficients = self.components * _COEFFICIENT_BYTES * pixels if scans > 1 else 0
+        coefficients = self.components * _COEFFICIENT_BYTES * pixels \
+            if self.buffers_coefficients(scans, first_scan_components) else 0
         return DECODE_BYTES_PER_PIXEL * pixels + coefficients
+
+    def buffers_coefficients(self, scans: int, first_scan_components: int) -> bool:
+        """Whether libjpeg keeps the whole image's coefficients: it decides so from the frame and
+        its first scan, before it reads a second (progressive, or a first scan without every
+        component), whatever the scans that follow; more than one scan is counted the same."""
+        return self.progressive or first_scan_components < self.components or scans > 1
 
 
 def read_header(jpeg: bytes) -> JpegHeader:
@@ -85,7 +95,7 @@ def read_header(jpeg: bytes) -> JpegHeader:
             width = int.from_bytes(jpeg[position + 7:position + 9], "big")
             if width == 0 or height == 0:
                 raise CorruptFrame(f"JPEG claims an empty image of {width}x{height}")
-            return JpegHeader(width, height, jpeg[position + 9])
+            return JpegHeader(width, height, jpeg[position + 9], marker in _PROGRESSIVE)
         if marker == 0xDA:  # start of scan: the pixel data began without a frame header
             break
         position += 2 + int.from_bytes(jpeg[position + 2:position + 4], "big")
@@ -95,6 +105,12 @@ def read_header(jpeg: bytes) -> JpegHeader:
 def count_scans(jpeg: bytes) -> int:
     """Start-of-scan markers in ``jpeg`` (a pass over all of its bytes)."""
     return sum(1 for _ in _START_OF_SCAN.finditer(jpeg))
+
+
+def first_scan_components(jpeg: bytes) -> int:
+    """Components the first start-of-scan header names (0 if ``jpeg`` ends before it says)."""
+    scan = _START_OF_SCAN.search(jpeg)  # a pass over the bytes up to it only
+    return jpeg[scan.start() + 4] if scan is not None and scan.start() + 4 < len(jpeg) else 0
 
 
 def jpeg_size(jpeg: bytes) -> tuple[int, int]:
@@ -121,9 +137,9 @@ def check_decode_cost(jpeg: bytes, header: JpegHeader, max_pixels: int) -> None:
     scans = count_scans(jpeg)
     if scans > MAX_SCANS:
         raise OverPixelBudget(f"JPEG has {scans} scans, over the {MAX_SCANS} a frame may have")
-    cost, allowed = header.decode_bytes(scans), DECODE_BYTES_PER_PIXEL * max_pixels
+    cost, allowed = header.decode_bytes(scans, first_scan_components(jpeg)), DECODE_BYTES_PER_PIXEL * max_pixels
     if cost > allowed:
-        many = f", {scans} scans" if scans > 1 else ""
+        many = f", {scans} scans" if scans > 1 else ", progressive" if header.progressive else ""
         raise OverPixelBudget(
             f"JPEG of {header.width}x{header.height}{many} takes {format_bytes(cost)} to decode, over "
             f"the {format_bytes(allowed)} of a frame of {max_pixels} pixels",

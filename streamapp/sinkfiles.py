@@ -9,9 +9,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from streamapp.wire import FrameId
+from streamapp.wire import MAX_FRAME_INDEX, FrameId
 
-SEGMENT_NAME = re.compile(r"^(\d{8})-(\d{8})\.avi$")
+# A frame index in a name: 8 digits at least, more from 10**8 on, up to the wire's limit.
+_INDEX = rf"(\d{{8,{len(str(MAX_FRAME_INDEX))}}})"
+SEGMENT_NAME = re.compile(rf"\A{_INDEX}-{_INDEX}\.avi\Z")
 
 
 def epoch_dir(out_dir: str | Path, stream: str, epoch: int) -> Path:
@@ -41,11 +43,12 @@ def segment_path(directory: Path, first: int, last: int) -> Path:
 
 
 def video_segments(out_dir: str | Path, stream: str, epoch: int) -> list[Path]:
-    """The finished segments of a run's video, in frame order."""
+    """The finished segments of a run's video, in frame order (by number: names grow a digit
+    from frame 10**8 on)."""
     directory = video_dir(out_dir, stream, epoch)
     if not directory.is_dir():
         return []
-    return sorted(path for path in directory.iterdir() if SEGMENT_NAME.match(path.name))
+    return sorted((path for path in directory.iterdir() if SEGMENT_NAME.match(path.name)), key=last_index)
 
 
 def last_index(segment: Path) -> int:

@@ -53,6 +53,22 @@ def progressive(width: int = 64, height: int = 48) -> bytes:
     return buffer.tobytes()
 
 
+def one_scan_progressive() -> bytes:
+    """A small progressive JPEG cut after its first scan: one scan, yet libjpeg buffers every
+    coefficient, as for all progressive JPEGs."""
+    header, data = _split(progressive())
+    return header + data[:data.index(_SOS)] + _EOI
+
+
+def non_interleaved() -> bytes:
+    """A small baseline JPEG whose first scan names only its first component (its data is the
+    interleaved one's, which nothing decodes before the budget refuses it)."""
+    header, data = _split(encode_jpeg(np.full((48, 64, 3), 90, np.uint8), 90))
+    sos = header.index(_SOS)
+    selector, spectral = header[sos + 5:sos + 7], header[-3:]
+    return header[:sos] + _SOS + struct.pack(">HB", 8, 1) + selector + spectral + data
+
+
 def many_scans(scans: int) -> bytes:
     """A small progressive JPEG whose scans are repeated until it has ``scans`` of them."""
     header, data = _split(progressive())
@@ -60,6 +76,15 @@ def many_scans(scans: int) -> bytes:
     body = first_scan + data[:-2]  # every scan, as the original has them
     repeats = -(-scans // body.count(_SOS))
     return header[:header.index(_SOS)] + body * repeats + _EOI
+
+
+def with_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """``jpeg`` with an EXIF segment (APP1) after its start-of-image marker that tells viewers to
+    turn it: 6 is a quarter turn clockwise, so a 3072x1024 image shows as 1024x3072."""
+    entry = struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0)  # Orientation, one SHORT
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8) + struct.pack(">H", 1) + entry + struct.pack(">I", 0)
+    exif = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(exif)) + exif + jpeg[2:]
 
 
 def corpus(max_pixels: int) -> dict[str, tuple[bytes, type[CorruptFrame]]]:
@@ -75,6 +100,10 @@ def corpus(max_pixels: int) -> dict[str, tuple[bytes, type[CorruptFrame]]]:
         "largest size a header can claim": (with_size(small, 65535, 65535), OverPixelBudget),
         "progressive, pixels within the limit, coefficients not": (with_size(progressive(), side, side),
                                                                    OverPixelBudget),
+        "progressive cut to one scan, pixels within the limit, coefficients not": (
+            with_size(one_scan_progressive(), side, side), OverPixelBudget),
+        "non-interleaved first scan, pixels within the limit, coefficients not": (
+            with_size(non_interleaved(), side, side), OverPixelBudget),
         "500 progressive scans": (many_scans(500), OverPixelBudget),
         "no end-of-image marker": (small[:len(small) // 2], CorruptFrame),
         "cut inside the frame header": (small[:small.index(b"\xff\xc0") + 7], CorruptFrame),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamapp.imaging import CorruptFrame
+from streamapp.imaging import AS_STORED, CorruptFrame
 from streamapp.opencv import cv2
 
 
@@ -41,7 +41,7 @@ def contact_sheet(image_paths: Sequence[str | Path], columns: int = 4, tile_widt
 
 
 def _read_image(path: str | Path) -> np.ndarray:
-    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    image = cv2.imread(str(path), AS_STORED)
     if image is None:
         raise CorruptFrame(f"cannot read image {str(path)!r}")
     return image

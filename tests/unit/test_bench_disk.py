@@ -44,7 +44,7 @@ MIB = 1024**2
     (["--duration", "2min"], "leaves -480s of steady input"),
     (["--broker-budget", "300MiB"], "--broker-budget=300.0MiB cannot hold 11 partitions"),
     (["--join-budget", "32MiB"], "STREAMAPP_DISK_BUDGET must be at least 64MiB"),
-    (["--sink-budget", "4MiB"], "STREAMAPP_SINK_DISK_BUDGET must hold at least 8 frames"),
+    (["--sink-budget", "3MiB"], "STREAMAPP_SINK_DISK_BUDGET must hold at least 8 frames"),  # x 2 streams
     (["--size", "8000x8000"], "too large for --max-frame-bytes"),
     (["--fs", "xfs"], "--fs: expected one of tmpfs, ext4, got 'xfs'"),
 ])

@@ -1,5 +1,8 @@
 import gc
+import logging
+import os
 import random
+import stat
 
 import cv2
 import numpy as np
@@ -9,7 +12,7 @@ from streamapp.agents.infer import ColorContourDetector, infer_frame
 from streamapp.agents.resize import resize_frame
 from streamapp.agents.sink import (
     FrameFileSink,
-    StreamRetention,
+    SinkRetention,
     VideoAssembler,
     VideoAssemblers,
     annotate,
@@ -218,6 +221,59 @@ def test_a_restarted_assembler_rebuilds_the_open_segment_and_keeps_the_closed_on
     assert again.advance() == 0 and again.finish() == []
 
 
+def test_segments_from_frame_10_to_the_8_on_are_found_in_order_after_a_restart(tmp_path):
+    """Their names grow a ninth digit: a restarted sink still counts and deletes them, and its
+    video goes on after the last of them."""
+    first = 10**8 - 4
+    sink = FrameFileSink(tmp_path)
+    for n in range(6):
+        sink.write(Joined(_grey_frame(first + n, level=20 + 30 * n), None))
+    assert len(VideoAssembler(tmp_path, "cam", 1, segment_frames=2).finish()) == 3
+
+    segments = video_segments(tmp_path, "cam", 1)  # as a restarted sink finds them
+    assert [path.name for path in segments] == \
+        ["99999996-99999997.avi", "99999998-99999999.avi", "100000000-100000001.avi"]
+    levels = _levels_of(segments)
+    assert len(levels) == 6 and levels == sorted(levels)
+    assert VideoAssembler(tmp_path, "cam", 1, segment_frames=2).next_index == 10**8 + 2
+    on_disk = sum(path.stat().st_blocks * 512 for path in tmp_path.rglob("*") if path.is_file())
+    assert SinkRetention(tmp_path, budget_bytes=100 * MIB).kept_bytes == on_disk
+
+
+def test_the_footage_is_private_whatever_the_umask(tmp_path):
+    """Frames, video segments and every directory the sink makes are its user's alone."""
+    out = tmp_path / "out"
+    umask = os.umask(0o022)
+    try:
+        _write_frames(FrameFileSink(out), range(3))
+        VideoAssembler(out, "cam", 1, segment_frames=2).finish()
+    finally:
+        os.umask(umask)
+    made = [out, *out.rglob("*")]
+    assert {path.name for path in made if path.suffix == ".avi"} == {"00000000-00000001.avi", "00000002-00000002.avi"}
+    assert {(path.is_dir(), stat.S_IMODE(path.stat().st_mode)) for path in made} == {(True, 0o700), (False, 0o600)}
+
+
+def test_a_video_that_cannot_be_created_is_counted_and_logged_and_the_sink_goes_on(tmp_path, caplog):
+    sink = FrameFileSink(tmp_path)
+    _write_frames(sink, range(3))
+    # A video directory where no file can be created, whoever the user (OpenCV's writer fails).
+    (tmp_path / "cam" / "1" / "video").symlink_to("/proc/self")
+    videos = VideoAssemblers(tmp_path, idle_finish_s=0)
+    with caplog.at_level(logging.WARNING, "streamapp.agents.sink"):
+        assert videos.advance(FrameId("cam", 1, 0)) == 0
+    assert videos.failures == 1
+    line, = [record.getMessage() for record in caplog.records]
+    assert "OpenCV cannot create" in line and "00000000.partial.avi" in line and "\n" not in line
+    assert not videos.still_to_take(sink.path_for(FrameId("cam", 1, 0)))  # retention may delete them
+    assert videos.advance(FrameId("cam", 1, 1)) == 0 and videos.failures == 1  # tried once per run
+
+    _write_frames(sink, range(2), epoch=2)  # other runs are unaffected
+    assert videos.advance(FrameId("cam", 2, 0)) == 2
+    assert [path.name for path in videos.finish_all()] == ["00000000-00000001.avi"]
+    assert sink.written == 5
+
+
 def test_a_full_disk_stops_the_video_before_the_frame_and_it_goes_on_after(tmp_path):
     sink = FrameFileSink(tmp_path)
     _write_frames(sink, range(6))
@@ -273,22 +329,22 @@ def test_assemblers_per_run_finish_when_idle(tmp_path):
     assert len(_video_levels(second)) == 4
 
 
-def test_retention_keeps_the_newest_bytes_of_each_stream_and_counts_what_it_deletes(tmp_path):
+def test_retention_keeps_the_newest_bytes_of_all_streams_together_and_counts_what_it_deletes(tmp_path):
     sink = FrameFileSink(tmp_path)
-    for stream in ("a", "b"):
-        for index in range(10):
+    for index in range(10):
+        for stream in ("a", "b"):
             sink.write(Joined(_grey_frame(index, stream=stream), None))
     size = sink.path_for(FrameId("a", 1, 0)).stat().st_blocks * 512  # what it takes on disk
     assert size >= sink.path_for(FrameId("a", 1, 0)).stat().st_size
-    retention = StreamRetention(tmp_path, budget_bytes=int(4.5 * size))  # adopts the 20 files there
+    retention = SinkRetention(tmp_path, budget_bytes=int(8.5 * size))  # adopts the 20 files there
     for stream in ("a", "b"):
         kept = sorted(path.name for path in (tmp_path / stream / "1" / "frames").iterdir())
         assert kept == [f"{index:08d}.jpg" for index in range(6, 10)]
     assert (retention.deleted_files, retention.kept_bytes) == (12, 8 * size)
 
     sink.write(Joined(_grey_frame(10, stream="a"), None))
-    retention.add("a", sink.path_for(FrameId("a", 1, 10)))
-    assert not sink.path_for(FrameId("a", 1, 6)).exists() and sink.path_for(FrameId("a", 1, 7)).exists()
+    retention.add(sink.path_for(FrameId("a", 1, 10)))
+    assert not sink.path_for(FrameId("a", 1, 6)).exists() and sink.path_for(FrameId("b", 1, 6)).exists()
     assert retention.as_metrics()["sink_retention_deleted_files_total"] == 13
     assert retention.deleted_bytes == 13 * size
     # Within what is retained a repeat is a duplicate; a frame retention deleted is written again.
@@ -296,26 +352,48 @@ def test_retention_keeps_the_newest_bytes_of_each_stream_and_counts_what_it_dele
     assert sink.write(Joined(_grey_frame(2, stream="a"), None))
 
 
-def test_making_room_deletes_the_oldest_files_of_the_largest_stream_first_and_keeps_each_newest(tmp_path):
+def test_making_room_deletes_the_oldest_files_first_whatever_their_stream(tmp_path):
     sink = FrameFileSink(tmp_path)
     for stream, count in (("a", 6), ("b", 3)):
         for index in range(count):
             sink.write(Joined(_grey_frame(index, stream=stream), None))
     size = sink.path_for(FrameId("a", 1, 0)).stat().st_blocks * 512
-    retention = StreamRetention(tmp_path, budget_bytes=100 * size)
-    assert retention.deletable_bytes == 7 * size  # all but the newest of each stream
+    retention = SinkRetention(tmp_path, budget_bytes=100 * size)
+    assert retention.deletable_bytes == 9 * size
 
     assert retention.make_room(lambda: retention.disk_full_deleted_files == 4) == 4 * size
-    # "a" kept the most bytes until it was down to as many files as "b".
-    assert not sink.path_for(FrameId("a", 1, 2)).exists() and sink.path_for(FrameId("a", 1, 3)).exists()
-    assert [sink.path_for(FrameId("b", 1, index)).exists() for index in range(3)] == [False, True, True]
+    assert not sink.path_for(FrameId("a", 1, 3)).exists() and sink.path_for(FrameId("a", 1, 4)).exists()
+    assert all(sink.path_for(FrameId("b", 1, index)).exists() for index in range(3))
 
-    assert retention.make_room(lambda: False) == 3 * size  # never enough: down to the newest of each
-    assert {path.name for path in tmp_path.glob("*/1/frames/*.jpg")} == {"00000005.jpg", "00000002.jpg"}
+    assert retention.make_room(lambda: False) == 5 * size  # never enough: a stream's newest goes too
+    assert not list(tmp_path.glob("*/1/frames/*.jpg"))
     metrics = retention.as_metrics()
     assert (metrics["sink_disk_full_deleted_files_total"], metrics["sink_disk_full_deleted_bytes_total"]) == \
-        (7, 7 * size)
+        (9, 9 * size)
     assert metrics["sink_retention_deleted_files_total"] == 0  # the budget itself deleted nothing
+
+
+def test_stream_ids_a_producer_mints_cannot_take_the_sink_past_its_budget(tmp_path):
+    """One frame each of 300 new streams, wired as the sink wires them: the budget holds for them
+    all (a stream's one file is deleted like any other), the runs assembled at once and the open
+    segments' bytes stay bounded, and what was given up on is counted."""
+    frame_blocks = 8192
+    budget = 40 * frame_blocks
+    sink = FrameFileSink(tmp_path)
+    videos = VideoAssemblers(tmp_path, segment_bytes=budget // 8, max_active=16,
+                             on_segment=lambda path: retention.add(path))
+    retention = SinkRetention(tmp_path, budget, in_use=videos.still_to_take)
+    for n in range(300):
+        frame = _grey_frame(0, stream=f"cam{n}")
+        sink.write(Joined(frame, None))
+        retention.add(sink.path_for(frame.id))
+        videos.advance(frame.id)
+        on_disk = sum(path.stat().st_blocks * 512 for path in tmp_path.rglob("*") if path.is_file())
+        assert retention.kept_bytes <= budget and on_disk <= budget * 5 // 4, n
+        assert retention.deletable_bytes >= retention.kept_bytes - frame_blocks  # room can always be made
+    assert videos.active == 16 and videos.finished_early == 300 - 16
+    assert retention.deleted_files > 300 and sink.path_for(FrameId("cam299", 1, 0)).exists()
+    assert not (tmp_path / "cam0" / "1" / "frames" / "00000000.jpg").exists()
 
 
 def test_closing_the_open_segments_makes_them_whole_files(tmp_path):
@@ -344,11 +422,11 @@ def test_making_room_while_the_video_finishes_never_deletes_a_frame_it_has_not_t
         if full[0]:
             full[0] = False
             videos.close_open_segments()
-            retention.make_room(lambda: False)
+            retention.make_room(lambda: retention.disk_full_deleted_files == 3)
 
     videos = VideoAssemblers(tmp_path, check_room=check_room,
-                             on_segment=lambda path: retention.add("cam", path))
-    retention = StreamRetention(tmp_path, budget_bytes=100 * MIB, in_use=videos.still_to_take)
+                             on_segment=lambda path: retention.add(path))
+    retention = SinkRetention(tmp_path, budget_bytes=100 * MIB, in_use=videos.still_to_take)
     videos.advance(FrameId("cam", 1, 0), limit=3)
     full[0] = True  # the disk fills up as the run is finished
     finished = videos.finish_all()

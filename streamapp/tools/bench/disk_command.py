@@ -74,7 +74,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--join-budget", type=size_arg, default=defaults.join_budget_bytes,
                         help="STREAMAPP_DISK_BUDGET of the join (default 128MiB)")
     parser.add_argument("--sink-budget", type=size_arg, default=defaults.sink_budget_bytes,
-                        help="STREAMAPP_SINK_DISK_BUDGET, per stream (default 128MiB)")
+                        help="sink disk per stream; STREAMAPP_SINK_DISK_BUDGET is --streams x it (default 128MiB)")
     parser.add_argument("--reserve", type=size_arg, default=defaults.reserve_bytes,
                         help="STREAMAPP_DISK_RESERVE, also added to each file system (default 64MiB)")
     parser.add_argument("--max-frame-bytes", type=size_arg, default=defaults.max_frame_bytes,

@@ -46,7 +46,7 @@ class DiskBenchOptions:
     max_frame_bytes: int = 1 * MIB
     broker_budget_bytes: int = 1536 * MIB   # STREAMAPP_BROKER_DISK_BUDGET
     join_budget_bytes: int = 128 * MIB      # STREAMAPP_DISK_BUDGET
-    sink_budget_bytes: int = 128 * MIB      # STREAMAPP_SINK_DISK_BUDGET, per stream
+    sink_budget_bytes: int = 128 * MIB      # per stream: STREAMAPP_SINK_DISK_BUDGET is streams x this
     reserve_bytes: int = 64 * MIB           # STREAMAPP_DISK_RESERVE
     join_ttl_s: float = 5.0
     detector: str = "color"
@@ -60,7 +60,7 @@ class DiskBenchOptions:
         return base.replace(
             partitions=self.partitions, max_frame_bytes=self.max_frame_bytes,
             broker_disk_budget_bytes=self.broker_budget_bytes, disk_budget_bytes=self.join_budget_bytes,
-            sink_disk_budget_bytes=self.sink_budget_bytes, disk_reserve_bytes=self.reserve_bytes,
+            sink_disk_budget_bytes=self.streams * self.sink_budget_bytes, disk_reserve_bytes=self.reserve_bytes,
             join_ttl_s=self.join_ttl_s, detector=self.detector)
 
 
