@@ -288,7 +288,7 @@ class Settings:
     disk_reserve_bytes: int = 64 * 1024**2
     # The broker's log for all the pipeline's topics; split into retention per partition.
     broker_disk_budget_bytes: int = 24 * 1024**3
-    # The sink's frames and video segments per stream; past it the oldest files are deleted.
+    # The sink's frames and video segments, all streams together; past it the oldest files are deleted.
     sink_disk_budget_bytes: int = 2 * 1024**3
     input_retention_s: float = 3600.0
     data_dir: Path = Path("data")

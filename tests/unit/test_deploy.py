@@ -616,16 +616,13 @@ def test_join_volume_holds_the_disk_budget_and_the_reserve(rendered):
     assert join["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Delete"
 
 
-def test_sink_out_volume_holds_its_streams_budgets_and_the_reserve(helm):
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    for name, args in VALUE_SETS.items():
+def test_sink_out_volume_holds_its_budget_and_the_reserve(helm):
+    for args in VALUE_SETS.values():
         objects = render(helm, *args)
         sink = named(objects, "Deployment", "-sink")
         env = environment(objects, sink)
-        overrides = yaml.safe_load((CHART / "values-managed-kafka.yaml").read_text()) if name != "local" else {}
-        streams = overrides.get("sink", {}).get("streams", values["sink"]["streams"])
         [out] = [v for v in pod_spec(sink)["volumes"] if v["name"] == "out"]
-        needed = (streams * 5 / 4 * parse_bytes(env["STREAMAPP_SINK_DISK_BUDGET"])
+        needed = (5 / 4 * parse_bytes(env["STREAMAPP_SINK_DISK_BUDGET"])
                   + parse_bytes(env["STREAMAPP_DISK_RESERVE"])) / MIB
         assert mebibytes(out["emptyDir"]["sizeLimit"]) >= needed
 

@@ -87,7 +87,7 @@ STREAMAPP_WEB_BIND: "0.0.0.0"
 {{- end -}}
 
 {{- define "streamapp.sinkOutMiB" -}}
-{{- add (div (mul .Values.sink.streams .Values.sink.diskBudgetMiB 5) 4) .Values.pipeline.diskReserveMiB -}}
+{{- add (div (mul .Values.sink.diskBudgetMiB 5) 4) .Values.pipeline.diskReserveMiB -}}
 {{- end -}}
 
 {{/* The emptyDirs of a worker together: /tmp, /data but on the join, /out on a sink without a
