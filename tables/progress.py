@@ -36,6 +36,7 @@ class SideProgress:
     generation: int
     created_ms: int = 0
     next_offset: int | None = None
+    taken_to: int | None = None  # after the last record taken for a batch, decided or held back
     caught_up_ms: int | None = None  # when it was last found caught up
     event_ms: collections.OrderedDict[bytes, int] = dataclasses.field(default_factory=collections.OrderedDict)
     forgotten_runs: int = 0
@@ -43,6 +44,10 @@ class SideProgress:
     def passed(self, offset: int) -> None:
         """The record at ``offset`` was read, whatever it held (a bad record is read too)."""
         self.next_offset = offset + 1 if self.next_offset is None else max(self.next_offset, offset + 1)
+
+    def taken(self, offset: int) -> None:
+        """The record at ``offset`` was taken for a batch: decided in it or held back for a later one."""
+        self.taken_to = offset + 1 if self.taken_to is None else max(self.taken_to, offset + 1)
 
     def observe(self, run: bytes, event_ms: int) -> None:
         if remember_latest(self.event_ms, run, event_ms, MAX_RUNS_PER_PARTITION):
@@ -54,10 +59,13 @@ class SideProgress:
     def latest_event_ms(self) -> int | None:
         return max(self.event_ms.values(), default=None)
 
-    def caught_up(self, end_offset: int | None, start_offset: int | None) -> bool:
+    def caught_up(self, end_offset: int | None, start_offset: int | None, *, taken: bool = False) -> bool:
         """True when nothing is left to read: the next offset (what this join read, else where
-        the consumer starts) has reached the partition's end offset. Unknown is not caught up."""
+        the consumer starts; with ``taken``, what it took, held back or not) has reached the
+        partition's end offset. Unknown is not caught up."""
         position = self.next_offset if self.next_offset is not None else start_offset
+        if taken and self.taken_to is not None:
+            position = self.taken_to if position is None else max(position, self.taken_to)
         return end_offset is not None and position is not None and position >= end_offset
 
     def behind(self, now_ms: int) -> bool:
@@ -104,6 +112,9 @@ class ReadProgress:
     def observe(self, topic: str, partition: int, run: bytes, event_ms: int) -> None:
         self.side(self.topics[topic], partition).observe(run, event_ms)
 
+    def taken(self, side: int, partition: int, offset: int) -> None:
+        self.side(side, partition).taken(offset)
+
     def side(self, side: int, partition: int) -> SideProgress:
         generation = self._generation()
         progress = self._sides.get((side, partition))
@@ -117,6 +128,13 @@ class ReadProgress:
         if caught_up:
             progress.caught_up_ms = self._clock()
         return caught_up
+
+    def all_taken(self, side: int, partition: int) -> bool:
+        """Whether every record of the side's partition was taken for a batch, decided or held
+        back: what the hold-back holds is in hand, not left to read, so one side's held records
+        never make the other side wait on them as on a backlog."""
+        topic, progress = self.names[side], self.side(side, partition)
+        return progress.caught_up(self._end_offset(topic, partition), self._start_offset(topic, partition), taken=True)
 
     def behind(self, side: int, partition: int) -> bool:
         return not self.caught_up(side, partition) and self.side(side, partition).behind(self._clock())
