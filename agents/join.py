@@ -66,10 +66,13 @@ HOLD_BEHIND_S = 5.0
 HOLD_KEYS = 4096
 
 
-class StartOffsets(Protocol):
-    """What the worker's consumer says about where it reads a partition from in this generation."""
+class ReadPositions(Protocol):
+    """What the worker's consumer says about where it reads a partition from in this generation,
+    and how far it has read it through (streamapp.kafka.consumer)."""
 
     def start_offset(self, tp: TP) -> int | None: ...
+
+    def read_through(self, tp: TP) -> tuple[int | None, int] | None: ...
 
 
 class JoinState(Protocol):
@@ -435,12 +438,20 @@ def register(stage: Stage) -> None:
     progress = ReadProgress(
         frames_topic, results_topic,
         end_offset=lambda topic, number: end_offset(app.consumer, TP(topic, number)),
-        start_offset=lambda topic, number: cast(StartOffsets, app.consumer).start_offset(TP(topic, number)),
+        start_offset=lambda topic, number: cast(ReadPositions, app.consumer).start_offset(TP(topic, number)),
+        read_through=lambda topic, number: cast(ReadPositions, app.consumer).read_through(TP(topic, number)),
         generation=lambda: app.consumer_generation_id,
         clock=now_ms,
     )
     in_step = InStep(app.consumer, progress, joiner.ttl_ms)
     hold_back = PartnerHoldBack(progress, stage.batch_bytes)
+
+    def window_gauges() -> dict[str, float]:
+        # The oldest pending age counts records held back too: they were read and wait, unseen by the window.
+        now, wall = time.monotonic(), now_ms()
+        held_at = hold_back.oldest_read_at()
+        return window.gauges(wall, joiner.ttl_ms, held_since_ms=None if held_at is None else read_ms(held_at, now, wall))
+
     stage.metrics.add_gauges(joiner.counts.as_metrics)
     stage.metrics.add_gauges(disk.as_metrics)
     stage.readiness.add("join disk not paused", lambda: not disk.paused)
@@ -470,12 +481,6 @@ def register(stage: Stage) -> None:
         delivery = await sender.send(topics.joined.get_topic_name(), key, wire.encode_joined(unmatched),
                                      None, None, None)
         return DueOutcome(replacement, delivery)
-
-    def window_gauges() -> dict[str, float]:
-        # The oldest pending age counts records held back too: they were read and wait, unseen by the window.
-        now, wall = time.monotonic(), now_ms()
-        held_at = hold_back.oldest_read_at()
-        return window.gauges(wall, joiner.ttl_ms, held_since_ms=None if held_at is None else read_ms(held_at, now, wall))
 
     def keep_in_step() -> None:
         in_step.adjust(number for number, _ in window.store.active_partitions())
