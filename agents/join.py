@@ -450,7 +450,8 @@ def register(stage: Stage) -> None:
         # The oldest pending age counts records held back too: they were read and wait, unseen by the window.
         now, wall = time.monotonic(), now_ms()
         held_at = hold_back.oldest_read_at()
-        return window.gauges(wall, joiner.ttl_ms, held_since_ms=None if held_at is None else read_ms(held_at, now, wall))
+        held_since_ms = None if held_at is None else read_ms(held_at, now, wall)
+        return window.gauges(wall, joiner.ttl_ms, held_since_ms=held_since_ms)
 
     stage.metrics.add_gauges(joiner.counts.as_metrics)
     stage.metrics.add_gauges(disk.as_metrics)
