@@ -4,8 +4,8 @@ Whichever side arrives first waits in the join window under its join key (stream
 the other side completes it, and the key is left with a small "joined" marker so that repeats are
 recognised as duplicates. A waiting side leaves when its partner can no longer arrive (DESIGN R3):
 the other side of its partition has been read past its event time (its Kafka timestamp, the
-frame's capture time) + TTL, or that side is caught up and the TTL has passed since the entry was
-stored. A frame that leaves so goes out unmatched (flagged) and leaves an "expired" marker, so a
+frame's capture time) + TTL, or that side is caught up and the TTL has passed since the join read
+it. A frame that leaves so goes out unmatched (flagged) and leaves an "expired" marker, so a
 result after it is counted late; a result that leaves so is an orphan and is dropped (R1, R2).
 
 The agent takes its input in batches: it decides a whole batch, sends the outputs without waiting
@@ -15,7 +15,8 @@ one on its way (:class:`BatchRun`). The sweep and the batches hold one lock, so 
 both joined and expired. Both sides of a partition are read in step: a side more than a TTL ahead
 of the other in event time is paused until the other catches up, so pending state while a
 backlog drains is as small as live; within that, a record whose partner may still be read soon
-is held back from its batch (:class:`PartnerHoldBack`), so that the two are decided together.
+is held back from its batch (:class:`PartnerHoldBack`), so that the two are decided together; it
+is decided as of when it was read, so holding never moves its deadline.
 There are no per-key timers or objects: the window's on-disk index drives expiry (R8).
 """
 
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from faust.types import TP, EventT
 
 from streamapp import wire
-from streamapp.batches import Batch, Batches
+from streamapp.batches import Batch, Batches, TakenEvent
 from streamapp.jpeg import CorruptFrame, check_jpeg
 from streamapp.recordbatches import Pieces
 from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
@@ -68,10 +69,13 @@ HOLD_BEHIND_S = 5.0
 HOLD_KEYS = 4096
 
 
-class StartOffsets(Protocol):
-    """What the worker's consumer says about where it reads a partition from in this generation."""
+class ReadPositions(Protocol):
+    """What the worker's consumer says about where it reads a partition from in this generation,
+    and how far it has read it through (streamapp.kafka.consumer)."""
 
     def start_offset(self, tp: TP) -> int | None: ...
+
+    def read_through(self, tp: TP) -> tuple[int | None, int] | None: ...
 
 
 class JoinState(Protocol):
@@ -108,7 +112,8 @@ class Joiner:
 
     def arrive(self, state: JoinState, record: Frame | Detections, raw: bytes, *,
                event_ms: int, now_ms: int) -> Joined | None:
-        """One side arrives: wait for the other, complete the pair, or count why it is dropped."""
+        """One side arrives: wait for the other, complete the pair, or count why it is dropped.
+        ``now_ms`` is when the join read it (a record held back is decided later, as of then)."""
         side = EntryKind.FRAME if isinstance(record, Frame) else EntryKind.RESULT
         if side == EntryKind.FRAME:
             self.counts.frames_in += 1
@@ -203,8 +208,14 @@ def change_bound(batch: Batch) -> int:
 
 
 def now_ms() -> int:
-    """The worker's clock: when entries were stored, for the caught-up rule and the markers."""
+    """The worker's clock: when records were read, for the caught-up rule and the markers."""
     return int(time.time() * 1000)
+
+
+def read_ms(read_at: float, now: float, now_ms: int) -> int:
+    """When a record taken from the stream at ``read_at`` (monotonic, as ``now``) was read, on the
+    worker's clock (``now_ms`` at ``now``)."""
+    return now_ms - round((now - read_at) * 1000)
 
 
 def event_time_ms(message) -> int:
@@ -256,7 +267,7 @@ class Held:
 
     event: EventT
     sensor_state: Any
-    since: float
+    read_at: float  # when it was taken from the stream (monotonic): held since then
     key: bytes
     event_ms: int
     size: int
@@ -274,12 +285,15 @@ class PartnerHoldBack:
     while the other side has a backlog, HOLD_CAUGHT_UP_S while it is caught up (live: the partner
     comes in the next fetch or not at all). Held records are bounded in bytes; past the bound the
     oldest go on at once, counted. A record let go without its partner is decided as before: it
-    waits in the window.
+    waits in the window. For how long a record waits, the records of the other side taken so far,
+    held back or not, count as read: they are in hand, not a backlog (else two sides holding
+    records of different buckets would hold each other for HOLD_BEHIND_S).
 
     A record never overtakes an earlier one of its input partition: holding the head of a
     partition is the same as reading that partition later, which the expiry rule already makes
-    safe (nothing counts as read past a held record). So holding decides only which batch a record
-    is decided in, never what is decided."""
+    safe (nothing counts as read past a held record). A record let go is decided as of when it
+    was read (its TTL on the worker's clock runs from then). So holding decides only which batch
+    a record is decided in, never what is decided, nor when it leaves unmatched."""
 
     def __init__(self, progress: ReadProgress, max_bytes: int) -> None:
         self.progress, self.max_bytes = progress, max_bytes
@@ -295,19 +309,21 @@ class PartnerHoldBack:
     def poll_s(self) -> float:
         return HOLD_CAUGHT_UP_S
 
-    def take(self, taken: Sequence[tuple[EventT, Any]], now: float) -> list[tuple[EventT, Any]]:
-        ready: list[tuple[EventT, Any]] = []
+    def take(self, taken: Sequence[TakenEvent], now: float) -> list[TakenEvent]:
+        ready: list[TakenEvent] = []
         if self.held_generation != (generation := self.progress.generation()):
             self.held_generation = generation
             ready += self._let_go_all()  # fetched before a rebalance: the batch drops them
         sides = self.progress.topics
-        for event, sensor_state in taken:
+        for event, sensor_state, read_at in taken:
             message = event.message
             side, key = sides.get(message.topic), message.key
+            if side is not None:
+                self.progress.taken(side, message.partition, message.offset)
             if side is None or not isinstance(key, bytes):
-                ready.append((event, sensor_state))
+                ready.append((event, sensor_state, read_at))
                 continue
-            held = Held(event, sensor_state, now, key, event_time_ms(message), event_bytes(event))
+            held = Held(event, sensor_state, read_at, key, event_time_ms(message), event_bytes(event))
             remember_latest(self.latest, (side, key), held.event_ms, HOLD_KEYS)
             self.queues.setdefault((side, message.partition), collections.deque()).append(held)
             self.held_bytes += held.size
@@ -317,7 +333,7 @@ class PartnerHoldBack:
         return ready
 
     def _heads_ready(self, side: int, partition: int, queue: collections.deque[Held],
-                     now: float) -> list[tuple[EventT, Any]]:
+                     now: float) -> list[TakenEvent]:
         """Let go, in read order, the records whose partner's side has been read up to them, or
         that have waited their time."""
         found, limit = [], None
@@ -326,29 +342,33 @@ class PartnerHoldBack:
             partner = self.latest.get((1 - side, head.key))
             if partner is None or partner < head.event_ms:
                 if limit is None:
-                    limit = HOLD_CAUGHT_UP_S if self.progress.caught_up(1 - side, partition) else HOLD_BEHIND_S
-                if now - head.since < limit:
+                    limit = HOLD_CAUGHT_UP_S if self.progress.all_taken(1 - side, partition) else HOLD_BEHIND_S
+                if now - head.read_at < limit:
                     break
             found.append(self._let_go(queue.popleft()))
         return found
 
-    def _let_go(self, held: Held) -> tuple[EventT, Any]:
+    def _let_go(self, held: Held) -> TakenEvent:
         self.held_bytes -= held.size
-        return held.event, held.sensor_state
+        return held.event, held.sensor_state, held.read_at
 
-    def _over_bound(self) -> list[tuple[EventT, Any]]:
+    def _over_bound(self) -> list[TakenEvent]:
         """Let the oldest held go until the rest fit the byte bound."""
         found = []
         while self.held_bytes > self.max_bytes:
-            queue = min((queue for queue in self.queues.values() if queue), key=lambda queue: queue[0].since)
+            queue = min((queue for queue in self.queues.values() if queue), key=lambda queue: queue[0].read_at)
             found.append(self._let_go(queue.popleft()))
             self.let_go_over_bound += 1
         return found
 
-    def _let_go_all(self) -> list[tuple[EventT, Any]]:
+    def _let_go_all(self) -> list[TakenEvent]:
         found = [self._let_go(held) for queue in self.queues.values() for held in queue]
         self.queues.clear()
         return found
+
+    def oldest_read_at(self) -> float | None:
+        """When the oldest record held was taken from the stream (monotonic), if any is held."""
+        return min((queue[0].read_at for queue in self.queues.values() if queue), default=None)
 
     def as_metrics(self) -> dict[str, float]:
         return {"join_held_bytes": self.held_bytes, "join_held_let_go_over_bound_total": self.let_go_over_bound}
@@ -445,18 +465,27 @@ def register(stage: Stage) -> None:
     progress = ReadProgress(
         frames_topic, results_topic,
         end_offset=lambda topic, number: end_offset(app.consumer, TP(topic, number)),
-        start_offset=lambda topic, number: cast(StartOffsets, app.consumer).start_offset(TP(topic, number)),
+        start_offset=lambda topic, number: cast(ReadPositions, app.consumer).start_offset(TP(topic, number)),
+        read_through=lambda topic, number: cast(ReadPositions, app.consumer).read_through(TP(topic, number)),
         generation=lambda: app.consumer_generation_id,
         clock=now_ms,
     )
     in_step = InStep(app.consumer, progress, joiner.ttl_ms)
     hold_back = PartnerHoldBack(progress, stage.batch_bytes)
+
+    def window_gauges() -> dict[str, float]:
+        # The oldest pending age counts records held back too: they were read and wait, unseen by the window.
+        now, wall = time.monotonic(), now_ms()
+        held_at = hold_back.oldest_read_at()
+        held_since_ms = None if held_at is None else read_ms(held_at, now, wall)
+        return window.gauges(wall, joiner.ttl_ms, held_since_ms=held_since_ms)
+
     stage.metrics.add_gauges(joiner.counts.as_metrics)
     stage.metrics.add_gauges(disk.as_metrics)
     stage.readiness.add("join disk not paused", lambda: not disk.paused)
     stage.metrics.add_gauges(in_step.as_metrics)
     stage.metrics.add_gauges(hold_back.as_metrics)
-    stage.metrics.add_gauges(lambda: window.gauges(now_ms(), joiner.ttl_ms))
+    stage.metrics.add_gauges(window_gauges)
     stage.metrics.add_gauges(lambda: window.uncommitted.as_metrics())
     stage.readiness.add("join changelog recovery not failing", lambda: window.store.changelog_health.failing is None)
     both_sides = app.topic(frames_topic, results_topic, key_serializer="raw", value_serializer="raw")
@@ -490,8 +519,8 @@ def register(stage: Stage) -> None:
     async def join_batch(batch: Batch, base: JoinTransaction | None) -> InFlight:
         transaction = window.transaction(base)
         outbox = stage.outbox(topics.joined, stage="join")
-        decided_at = now_ms()
-        for event in batch.events:
+        now, decided_at = time.monotonic(), now_ms()
+        for event, read_at in zip(batch.events, batch.read_at, strict=True):
             message = event.message
             progress.passed(message.topic, message.partition, message.offset)
             try:
@@ -502,7 +531,7 @@ def register(stage: Stage) -> None:
             event_ms = event_time_ms(message)
             progress.observe(message.topic, message.partition, wire.run_of(record.id.join_key()), event_ms)
             joined = joiner.arrive(transaction.partition(message.partition), record, event.value,
-                                   event_ms=event_ms, now_ms=decided_at)
+                                   event_ms=event_ms, now_ms=read_ms(read_at, now, decided_at))
             if joined is not None:
                 # The key was checked by decode; the JPEG, a view of the input record, is copied
                 # once, into the output's record batch.

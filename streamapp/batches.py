@@ -41,6 +41,8 @@ from streamapp.kafka.streams import flowing
 from streamapp.units import event_bytes
 
 Taken = TypeVar("Taken", EventT, list[EventT])
+# An event taken for a batch, its sensors' state, and when it was taken from the stream (monotonic).
+TakenEvent = tuple[EventT, Any, float]
 
 
 class Batch:
@@ -50,12 +52,14 @@ class Batch:
         self.stream, self.sensors = stream, sensors
         self.events: list[EventT] = []
         self.sensor_states: list[Any] = []  # per event (PerEventSensors), for the same event out
+        self.read_at: list[float] = []  # per event: when it was taken from the stream (monotonic)
         self.time_in: float | None = None  # the batch's (BatchSensors)
         self.bytes = 0
 
-    def add(self, event: EventT, sensor_state: Any) -> None:
+    def add(self, event: EventT, sensor_state: Any, read_at: float) -> None:
         self.events.append(event)
         self.sensor_states.append(sensor_state)
+        self.read_at.append(read_at)
         self.bytes += event_bytes(event)
 
     def ack(self) -> None:
@@ -143,9 +147,10 @@ def sensors_for(stream: Stream) -> Sensors:
 class HoldBack(Protocol):
     """Keeps some of the events taken for a batch back for a later batch."""
 
-    def take(self, taken: Sequence[tuple[EventT, Any]], now: float) -> list[tuple[EventT, Any]]:
-        """Events just taken, with their sensor states, oldest first: those to decide now, among
-        them and those held before (``now``: monotonic seconds)."""
+    def take(self, taken: Sequence[TakenEvent], now: float) -> list[TakenEvent]:
+        """Events just taken, with their sensor states and when they were taken, oldest first:
+        those to decide now, among them and those held before (``now`` and the times taken:
+        monotonic seconds)."""
 
     def holding(self) -> bool:
         """Whether any event is held."""
@@ -216,10 +221,10 @@ class _BufferedEvents:
 
     def _ready(self, batch: Batch) -> Batch:
         ready, stale = Batch(self.stream, self.sensors), Batch(self.stream, self.sensors)
-        taken = list(zip(batch.events, batch.sensor_states, strict=True))
-        for event, sensor_state in cast(HoldBack, self.hold_back).take(taken, time.monotonic()):
+        taken = list(zip(batch.events, batch.sensor_states, batch.read_at, strict=True))
+        for event, sensor_state, read_at in cast(HoldBack, self.hold_back).take(taken, time.monotonic()):
             # Held over a rebalance or into a stop: never acked, read again from the committed offset.
-            (ready if flowing(self.app, event.message) else stale).add(event, sensor_state)
+            (ready if flowing(self.app, event.message) else stale).add(event, sensor_state, read_at)
         self.sensors.let_go(stale)
         return ready
 
@@ -230,7 +235,7 @@ class _BufferedEvents:
         if message.topic in self.acking_topics and not message.tracked:
             message.tracked = True
             self.sensors.track(message)
-        self.batch.add(event, self.sensors.event_in(event))
+        self.batch.add(event, self.sensors.event_in(event), time.monotonic())
 
 
 class Batches:

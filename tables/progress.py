@@ -7,7 +7,9 @@ has passed on the worker's clock (DESIGN R3). Both facts are kept here per input
 * event time read, per camera run (``stream:epoch``): cameras on one partition may disagree by
   minutes, and one camera's clock must never expire another camera's entries; a restarted camera
   (a new epoch) may come back with its clock set differently;
-* the next offset to read, against the partition's end offset, for "caught up".
+* the next offset to read, against the partition's end offset, for "caught up"; under
+  exactly-once the end is a commit marker, an offset no record has, so the consumer says how far
+  it has read a partition through, markers included (``read_through``).
 
 Progress is kept in memory only and starts over when the consumer group changes generation:
 after a rebalance records are read again from the committed offsets, and a fact about records
@@ -28,6 +30,10 @@ MAX_RUNS_PER_PARTITION = 4096
 # A side not caught up for this long is behind (a backlog), not between two fetches of live input.
 BEHIND_AFTER_MS = 1_000
 
+# After the last record the consumer handed over (None: none), and the offset it read through,
+# past the offsets that hold no record (streamapp.kafka.consumer).
+ReadThrough = tuple[int | None, int]
+
 
 @dataclasses.dataclass
 class SideProgress:
@@ -36,6 +42,7 @@ class SideProgress:
     generation: int
     created_ms: int = 0
     next_offset: int | None = None
+    taken_to: int | None = None  # after the last record taken for a batch, decided or held back
     caught_up_ms: int | None = None  # when it was last found caught up
     event_ms: collections.OrderedDict[bytes, int] = dataclasses.field(default_factory=collections.OrderedDict)
     forgotten_runs: int = 0
@@ -43,6 +50,10 @@ class SideProgress:
     def passed(self, offset: int) -> None:
         """The record at ``offset`` was read, whatever it held (a bad record is read too)."""
         self.next_offset = offset + 1 if self.next_offset is None else max(self.next_offset, offset + 1)
+
+    def taken(self, offset: int) -> None:
+        """The record at ``offset`` was taken for a batch: decided in it or held back for a later one."""
+        self.taken_to = offset + 1 if self.taken_to is None else max(self.taken_to, offset + 1)
 
     def observe(self, run: bytes, event_ms: int) -> None:
         if remember_latest(self.event_ms, run, event_ms, MAX_RUNS_PER_PARTITION):
@@ -54,10 +65,19 @@ class SideProgress:
     def latest_event_ms(self) -> int | None:
         return max(self.event_ms.values(), default=None)
 
-    def caught_up(self, end_offset: int | None, start_offset: int | None) -> bool:
+    def caught_up(self, end_offset: int | None, start_offset: int | None, read_through: ReadThrough | None = None,
+                  *, taken: bool = False) -> bool:
         """True when nothing is left to read: the next offset (what this join read, else where
-        the consumer starts) has reached the partition's end offset. Unknown is not caught up."""
+        the consumer starts; with ``taken``, what it took, held back or not) has reached the
+        partition's end offset, or the consumer read through to it and this join has every
+        record the consumer handed over. Unknown is not caught up."""
         position = self.next_offset if self.next_offset is not None else start_offset
+        if taken and self.taken_to is not None:
+            position = self.taken_to if position is None else max(position, self.taken_to)
+        if read_through is not None:
+            records_to, through = read_through
+            if records_to is None or (position is not None and position >= records_to):
+                position = through if position is None else max(position, through)
         return end_offset is not None and position is not None and position >= end_offset
 
     def behind(self, now_ms: int) -> bool:
@@ -84,10 +104,12 @@ class ReadProgress:
     """Progress of both sides of every input partition of the join."""
 
     def __init__(self, frames_topic: str, results_topic: str, *, end_offset: OffsetLookup,
-                 start_offset: OffsetLookup, generation: Callable[[], int], clock: Callable[[], int]) -> None:
+                 start_offset: OffsetLookup, generation: Callable[[], int], clock: Callable[[], int],
+                 read_through: Callable[[str, int], ReadThrough | None] = lambda topic, number: None) -> None:
         self.topics = {frames_topic: 0, results_topic: 1}
         self.names = (frames_topic, results_topic)
         self._end_offset, self._start_offset, self._generation = end_offset, start_offset, generation
+        self._read_through = read_through
         self._clock = clock
         self._sides: dict[tuple[int, int], SideProgress] = {}
 
@@ -104,6 +126,9 @@ class ReadProgress:
     def observe(self, topic: str, partition: int, run: bytes, event_ms: int) -> None:
         self.side(self.topics[topic], partition).observe(run, event_ms)
 
+    def taken(self, side: int, partition: int, offset: int) -> None:
+        self.side(side, partition).taken(offset)
+
     def side(self, side: int, partition: int) -> SideProgress:
         generation = self._generation()
         progress = self._sides.get((side, partition))
@@ -113,10 +138,19 @@ class ReadProgress:
 
     def caught_up(self, side: int, partition: int) -> bool:
         topic, progress = self.names[side], self.side(side, partition)
-        caught_up = progress.caught_up(self._end_offset(topic, partition), self._start_offset(topic, partition))
+        caught_up = progress.caught_up(self._end_offset(topic, partition), self._start_offset(topic, partition),
+                                       self._read_through(topic, partition))
         if caught_up:
             progress.caught_up_ms = self._clock()
         return caught_up
+
+    def all_taken(self, side: int, partition: int) -> bool:
+        """Whether every record of the side's partition was taken for a batch, decided or held
+        back: what the hold-back holds is in hand, not left to read, so one side's held records
+        never make the other side wait on them as on a backlog."""
+        topic, progress = self.names[side], self.side(side, partition)
+        return progress.caught_up(self._end_offset(topic, partition), self._start_offset(topic, partition),
+                                  self._read_through(topic, partition), taken=True)
 
     def behind(self, side: int, partition: int) -> bool:
         return not self.caught_up(side, partition) and self.side(side, partition).behind(self._clock())

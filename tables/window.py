@@ -4,7 +4,7 @@ Faust's windowed tables expire from an in-memory heap that restarts empty, delet
 tombstones, and judge age by the wall clock at consumption. This window keeps each entry's times
 in the entry and in the store's on-disk index, and expires by the data (DESIGN R3): a pending side
 leaves once the other side of its partition has been read past its event time + TTL, or once that
-side is caught up and the TTL has passed since the entry was stored. It sends the changelog
+side is caught up and the TTL has passed since the join read it. It sends the changelog
 record of every change itself (R4), straight to the producer (streamapp.tables.changelog).
 
 One writer at a time: the join's batches and its sweeps both hold :attr:`JoinWindow.lock` from
@@ -264,23 +264,26 @@ class JoinWindow:
                 await asyncio.sleep(0)
         return expired
 
-    def gauges(self, now_ms: int, ttl_ms: int) -> dict[str, float]:
+    def gauges(self, now_ms: int, ttl_ms: int, *, held_since_ms: int | None = None) -> dict[str, float]:
         """State of the owned partitions (standbys excluded), for metrics and reports.
 
-        A pending entry was stored at its deadline minus the TTL: its age survives restarts and
-        rebalances because the deadline travels with the entry.
+        A pending entry was read at its deadline minus the TTL: its age survives restarts and
+        rebalances because the deadline travels with the entry. ``held_since_ms``: when the
+        oldest record the join holds back from the window was read; the oldest pending age is
+        the older of the two.
         """
         store = self.store
         owned = [partition for _, partition in store.active_partitions()]
         next_due = _earliest(partition.oldest_deadline_ms() for partition in owned)
-        oldest_pending = _earliest(partition.oldest_pending_deadline_ms() for partition in owned)
+        oldest_deadline = _earliest(partition.oldest_pending_deadline_ms() for partition in owned)
+        oldest_pending = _earliest([None if oldest_deadline is None else oldest_deadline - ttl_ms, held_since_ms])
         return {
             "join_state_entries": sum(partition.stats.entries for partition in owned),
             "join_state_bytes": sum(partition.stats.bytes for partition in owned),
             "join_pending_entries": sum(partition.stats.pending_entries for partition in owned),
             "join_pending_bytes": sum(partition.stats.pending_bytes for partition in owned),
             "join_oldest_pending_age_seconds":
-                0.0 if oldest_pending is None else max(0.0, (now_ms - oldest_pending + ttl_ms) / 1000),
+                0.0 if oldest_pending is None else max(0.0, (now_ms - oldest_pending) / 1000),
             "join_next_expiry_seconds": 0.0 if next_due is None else max(0.0, (next_due - now_ms) / 1000),
             "join_pairs_completed_in_batch_total": self.pairs_completed_in_batch,
             **store.changelog_health.as_metrics(),

@@ -43,7 +43,10 @@ never reads: the end it waits for is the record before it.
 
 The consumer also says where each input partition is read from in a generation (its committed
 offset, as sought), which the join needs to tell "caught up" before it has read a partition, and
-counts the input that the broker's retention deleted before it was read (streamapp.unread).
+how far it has read each through (:meth:`StreamappConsumer.read_through`): an input written in
+transactions ends in a commit marker, an offset no record has, so a stage that has handled its
+last record is caught up although its next offset is short of the end. It counts the input that
+the broker's retention deleted before it was read (streamapp.unread).
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ class StreamappConsumer(faust_aiokafka.Consumer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.unread_gaps = UnreadGaps()
+        # Per input partition: (generation, after the last record handed over, fetch position).
+        self._read_through: dict[TP, tuple[int, int | None, int]] = {}
 
     def ack(self, message: Message) -> bool:
         """Mark ``message`` safe to commit, unless a stream skipped it unhandled: a stream tracks
@@ -174,6 +179,30 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         generation, offset = self.read_from.get(tp, (None, None))
         return offset if generation == self.app.consumer_generation_id else None
 
+    def read_through(self, tp: TP) -> tuple[int | None, int] | None:
+        """How far ``tp`` was read in this generation, as of the last fetch whose records were all
+        handed to the streams: the offset after the last record handed over (None: none yet), and
+        the fetch position, past the offsets that hold no record (transaction markers, aborted
+        records). Once a stage has handled every record before the first, nothing is left to
+        read before the second. None: not known."""
+        generation, records_to, position = self._read_through.get(tp, (None, None, 0))
+        return (records_to, position) if generation == self.app.consumer_generation_id else None
+
+    def _note_read_through(self, generation: int) -> None:
+        """After a fetch's records are all handed over: each input partition's fetch position
+        (positions move only as a fetch's records are taken, in ``getmany``)."""
+        _, kafka_consumer = self._fetching()
+        read_offset = self._read_offset
+        try:
+            assignment = kafka_consumer._subscription.subscription.assignment  # type: ignore[union-attr]
+            positions = {TP(tp.topic, tp.partition): assignment.state_value(tp) for tp in assignment.tps}
+        except (AttributeError, KeyError):  # no consumer or no assignment (a rebalance)
+            return
+        for tp, state in positions.items():
+            if state.has_valid_position and not self._is_changelog_tp(tp):
+                last = read_offset.get(tp)
+                self._read_through[tp] = (generation, None if last is None else last + 1, state.position)
+
     async def perform_seek(self) -> None:
         await super().perform_seek()
         # Faust takes the committed offset (the next to read) for the last one read, so a record
@@ -215,6 +244,7 @@ class StreamappConsumer(faust_aiokafka.Consumer):
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 self.diag.set_flag(CONSUMER_FETCHING)
+                generation = self.app.consumer_generation_id
                 records = self.getmany(timeout=1.0)
                 await asyncio.sleep(0)  # getmany may return at once, again and again
                 if self.should_stop:
@@ -239,6 +269,9 @@ class StreamappConsumer(faust_aiokafka.Consumer):
                             await asyncio.sleep(0)
                             since_yield = 0
                     read_offset[tp] = offset
+                # A fetch cut short (a rebalance or a stop) left records behind: they are read again.
+                if self.flow_active and not self.should_stop and self.app.consumer_generation_id == generation:
+                    self._note_read_through(generation)
                 self.diag.unset_flag(CONSUMER_FETCHING)
         except self.consumer_stopped_errors:
             if not self.transport.app.should_stop:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 
 from aiokafka import AIOKafkaProducer
 
@@ -49,18 +50,28 @@ async def send_pairs(settings: Settings, pairs, *, results: str = "beside", rate
     await send_at(settings, schedule)
 
 
-async def send_at(settings: Settings, schedule) -> None:
+async def send_at(settings: Settings, schedule, *, transactions: bool = False) -> list[float]:
     """Publish ``(seconds from now, "frames" | "detections", key, value, timestamp_ms)`` records,
-    each at its time (in the order given where times are equal)."""
+    each at its time (in the order given where times are equal); with ``transactions`` each in a
+    transaction of its own, as the stages write under exactly-once (a commit marker follows it).
+    Returns when each was sent (``time.time()``), in the schedule's order."""
     names = topic_names(settings)
-    producer = AIOKafkaProducer(**producer_config(settings))
+    transactional = {"transactional_id": f"send-at-{uuid.uuid4().hex[:8]}"} if transactions else {}
+    producer = AIOKafkaProducer(**producer_config(settings, **transactional))
     await producer.start()
+    sent_at = [0.0] * len(schedule)
     try:
         started = time.monotonic()
-        for at_s, role, key, value, timestamp in sorted(schedule, key=lambda item: item[0]):
+        for number, (at_s, role, key, value, timestamp) in sorted(enumerate(schedule), key=lambda item: item[1][0]):
             if at_s:
                 await asyncio.sleep(max(0.0, started + at_s - time.monotonic()))
-            await producer.send(names[role], value, key=key, timestamp_ms=timestamp)
+            sent_at[number] = time.time()
+            if transactions:
+                async with producer.transaction():
+                    await producer.send(names[role], value, key=key, timestamp_ms=timestamp)
+            else:
+                await producer.send(names[role], value, key=key, timestamp_ms=timestamp)
         await producer.flush()
     finally:
         await producer.stop()
+    return sent_at

@@ -15,12 +15,14 @@ import time
 import uuid
 
 import pytest
+from aiokafka import TopicPartition
 
+from streamapp import wire
 from streamapp.settings import Settings
-from streamapp.tools.harness import read_joined
+from streamapp.tools.harness import output_consumer, read_joined
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker, wait_until
-from streamapp.topics import changelog_name, ensure_topics
+from streamapp.topics import changelog_name, ensure_topics, topic_names
 
 from publishing import pair_records, send_at, send_pairs
 
@@ -156,6 +158,58 @@ def test_a_silent_caught_up_inference_side_frees_frames_within_ttl_and_a_sweep(j
     assert all_out - (sent_at + len(pairs) / 30) <= bound + 1.0
     assert stats["join_unmatched_frames_total"] == len(pairs)
     assert_each_frame_once(settings, pairs, outcome="unmatched")
+
+
+def test_unmatched_frames_are_out_within_ttl_and_a_sweep_of_being_sent(join_settings, workers):
+    """R3's upper bound, as a reader of ``joined`` sees it: 30 frames whose results never come,
+    sent over 2 s beside 20 results whose frames never come (another camera's, on the same
+    partition: each side has records the other never partners), then nothing. Each frame is read
+    within TTL + sweep + 1 s of being sent, and none before the TTL. Under exactly-once the inputs
+    come in transactions, as resize and inference write them."""
+    settings = join_settings(partitions=1, join_ttl_s=2.0, sweep_interval_s=0.5, done_marker_ttl_s=10.0)
+    workers(settings)
+    start_ms, key = int(time.time() * 1000), lambda record: record.id.bucket_key(settings.bucket_size)
+    frames = pair_records("unanswered", 30, start_ms=start_ms, fps=15)
+    orphans = pair_records("unseen", 20, start_ms=start_ms, fps=10)
+    schedule = [(number / 15, "frames", key(frame), value, timestamp)
+                for number, (frame, value, _, timestamp) in enumerate(frames)]
+    schedule += [(number / 10, "detections", key(frame), value, timestamp)
+                 for number, (frame, _, value, timestamp) in enumerate(orphans)]
+    bound = settings.join_ttl_s + settings.sweep_interval_s + 1.0
+    sent_at, read_at = asyncio.run(send_and_read(settings, schedule, len(frames), timeout_s=2.0 + 3 * bound))
+    frame_sent = {frame.id: sent for (frame, *_), sent in zip(frames, sent_at[:len(frames)], strict=True)}
+    assert set(read_at) == set(frame_sent), f"{len(read_at)} of {len(frame_sent)} frames out"
+    assert not any(matched for _, matched in read_at.values())
+    delays = [read_at[frame_id][0] - sent for frame_id, sent in frame_sent.items()]
+    print(f"\n{settings.processing_guarantee}: unmatched frames out {min(delays):.2f}-{max(delays):.2f} s after sent")
+    assert settings.join_ttl_s <= min(delays) and max(delays) <= bound, \
+        f"out {min(delays):.2f}-{max(delays):.2f} s after sent, bound {bound:.1f} s"
+
+
+async def send_and_read(settings: Settings, schedule, frames: int, *, timeout_s: float):
+    """Send ``schedule`` (in transactions under exactly-once) while reading ``joined`` as a reader
+    downstream does (read_committed): when each record was sent, and when each frame was first
+    read, whether matched. Read, not decided: under exactly-once an output is there only once its
+    transaction commits, and its timestamp says when it was sent into the transaction. The
+    reader's polling only adds to the delay."""
+    consumer = output_consumer(settings, isolation_level="read_committed", fetch_max_wait_ms=100)
+    await consumer.start()
+    try:
+        joined = [TopicPartition(topic_names(settings)["joined"], number) for number in range(settings.partitions)]
+        consumer.assign(joined)
+        await consumer.seek_to_beginning(*joined)
+        sending = asyncio.ensure_future(
+            send_at(settings, schedule, transactions=settings.processing_guarantee == "exactly_once"))
+        read_at: dict = {}
+        deadline = time.monotonic() + timeout_s
+        while len(read_at) < frames and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=100)).values():
+                for record in records:
+                    out = wire.decode_joined(record.value)
+                    read_at.setdefault(out.frame.id, (time.time(), out.matched))
+        return await sending, read_at
+    finally:
+        await consumer.stop()
 
 
 RACE_FRAMES = int(os.environ.get("STREAMAPP_RACE_FRAMES", "300"))  # 1000 for the full check

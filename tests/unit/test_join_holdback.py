@@ -30,7 +30,7 @@ class Source:
         return SimpleNamespace(message=message, name=f"{topic[0]}{index}")
 
     def take(self, *records, now: float = 0.0) -> set[str]:
-        return {event.name for event, state in self.hold.take([(record, None) for record in records], now)}
+        return {event.name for event, *_ in self.hold.take([(record, None, now) for record in records], now)}
 
 
 def test_a_result_ahead_waits_for_its_frame_and_both_leave_together():
@@ -112,3 +112,23 @@ def test_records_without_a_bucket_key_are_never_held():
     source = Source()
     source.end[RESULTS] = 10
     assert source.take(source.record(FRAMES, 0, key=None)) == {"f0"}
+
+
+def test_held_records_of_two_buckets_never_hold_each_other_as_a_backlog():
+    """Frames of one camera and results of another on one partition, neither ever partnered: what
+    either side holds is in hand, so each side's records wait only a moment."""
+    source = Source()
+    source.end[FRAMES] = source.end[RESULTS] = 1  # each side's one record is taken, and held
+    taken = source.take(source.record(FRAMES, 0, key=b"cam:1:0"), source.record(RESULTS, 0, key=b"cam:2:0"))
+    assert taken == set()
+    assert source.take(now=HOLD_CAUGHT_UP_S) == {"f0", "r0"}
+
+
+def test_the_oldest_held_record_says_when_it_was_read():
+    source = Source()
+    source.end[RESULTS] = 10
+    assert source.take(source.record(FRAMES, 0), now=1.0) == set()
+    assert source.take(source.record(FRAMES, 1), now=2.0) == set()
+    assert source.hold.oldest_read_at() == 1.0
+    assert source.take(now=1.0 + HOLD_BEHIND_S) == {"f0"}
+    assert source.hold.oldest_read_at() == 2.0

@@ -5,13 +5,15 @@ from streamapp.tables.progress import BEHIND_AFTER_MS, MAX_RUNS_PER_PARTITION, R
 TTL_MS = 5_000
 
 
-def progress(ends=None, starts=None, generation=None, clock=None):
+def progress(ends=None, starts=None, generation=None, clock=None, read_through=None):
     ends = {} if ends is None else ends
     starts = {} if starts is None else starts
+    read_through = {} if read_through is None else read_through
     generation = generation or [1]
     return ReadProgress("frames", "detections", end_offset=lambda topic, number: ends.get((topic, number)),
                         start_offset=lambda topic, number: starts.get((topic, number)),
-                        generation=lambda: generation[0], clock=clock or (lambda: 0))
+                        generation=lambda: generation[0], clock=clock or (lambda: 0),
+                        read_through=lambda topic, number: read_through.get((topic, number)))
 
 
 def record(read, topic, partition, run, event_ms, *, offset):
@@ -49,6 +51,27 @@ def test_a_bad_record_read_last_still_leaves_the_side_caught_up():
     record(read, "detections", 0, b"cam:1", 1, offset=4)
     read.passed("detections", 0, 5)  # dead-lettered: no event time, but read
     assert read.caught_up(1, 0)
+
+
+def test_a_side_read_through_the_commit_marker_after_its_last_record_is_caught_up():
+    """Written in transactions (exactly-once), a partition ends in a commit marker, an offset no
+    record has: the next offset after the last record never reaches the end."""
+    ends, through = {("detections", 0): 10}, {}
+    read = progress(ends, {("detections", 0): 0}, read_through=through)
+    record(read, "detections", 0, b"cam", 1, offset=8)   # offset 9 is its transaction's commit marker
+    assert not read.caught_up(1, 0)                      # how far the consumer read is not known yet
+    through[("detections", 0)] = (9, 10)                 # it handed over up to 8 and read through 9
+    assert read.caught_up(1, 0)
+    ends[("detections", 0)], through[("detections", 0)] = 12, (11, 12)  # record 10, marker 11
+    assert not read.caught_up(1, 0)                      # record 10 is handed over, not yet decided
+    record(read, "detections", 0, b"cam", 2, offset=10)
+    assert read.caught_up(1, 0)
+
+
+def test_a_side_whose_records_were_all_taken_is_in_hand_for_the_hold_back():
+    read = progress({("frames", 0): 10}, {("frames", 0): 0}, read_through={("frames", 0): (10, 10)})
+    read.side(0, 0).taken(9)
+    assert read.all_taken(0, 0) and not read.caught_up(0, 0)  # held back: taken, not decided
 
 
 def test_a_new_consumer_generation_forgets_what_was_read():

@@ -106,3 +106,22 @@ def test_window_gauges_sum_owned_partitions_and_age_the_oldest_pending_entry(tmp
     finally:
         first.close()
         second.close()
+
+
+def test_the_oldest_pending_age_counts_records_held_back_from_their_batch(tmp_path):
+    """A record held back for its partner waits as one in the window does, read but undecided."""
+    partition = open_partition(tmp_path / "p0.db")
+    try:
+        put(partition, b"frame", EntryKind.FRAME, 10_000, b"f" * 100)  # read at 5 s with a 5 s TTL
+        window = JoinWindow.__new__(JoinWindow)
+        window.table = SimpleNamespace(data=_Store([partition]))
+        window.memory = SimpleNamespace(usage_bytes=lambda: 0)
+        window.pairs_completed_in_batch = 0
+
+        def age(held_since_ms):
+            return window.gauges(now_ms=9_000, ttl_ms=5_000, held_since_ms=held_since_ms)[
+                "join_oldest_pending_age_seconds"]
+
+        assert (age(None), age(6_000), age(1_000)) == (4.0, 4.0, 8.0)
+    finally:
+        partition.close()
