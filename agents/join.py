@@ -447,6 +447,8 @@ def register(stage: Stage) -> None:
         memory=stage.rocks_memory,
         changelog_config=changelog_config(settings),
         recovery_buffer_size=stage.buffer_records,
+        # Markers outlast pending sides (Settings checks it): no entry waits longer.
+        longest_wait_ms=int(settings.done_marker_ttl_s * 1000),
     )
     joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
                     marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),

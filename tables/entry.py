@@ -115,6 +115,12 @@ def _pending_record(kind: bytes, payload: bytes) -> wire.Frame | wire.Detections
     return wire.decode_detections(payload)
 
 
+def with_deadline(value: bytes, deadline_ms: int) -> bytes:
+    """The same entry with another deadline."""
+    version, kind, _, event_ms = _HEADER.unpack_from(value)
+    return _HEADER.pack(version, kind, deadline_ms, event_ms) + bytes(value[HEADER_BYTES:])
+
+
 def upgrade_legacy(value: bytes) -> bytes | None:
     """An entry in the layout before the version byte, in this one; None if it is not one."""
     if len(value) >= _LEGACY_HEADER_BYTES and bytes(value[:1]) in EntryKind.ALL:

@@ -32,6 +32,7 @@ import heapq
 import logging
 import os
 import struct
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -43,7 +44,15 @@ from faust.types import TP, EventT
 from streamapp.diskspace import is_disk_full, is_write_stall
 from streamapp.errors import StreamappError, one_line
 from streamapp.kafka.store import HookedStore
-from streamapp.tables.entry import FORMAT_VERSION, EntryError, EntryKind, check, peek_times, upgrade_legacy
+from streamapp.tables.entry import (
+    FORMAT_VERSION,
+    EntryError,
+    EntryKind,
+    check,
+    peek_times,
+    upgrade_legacy,
+    with_deadline,
+)
 from streamapp.tables.memory import RocksMemory
 from streamapp.wire import run_of
 
@@ -323,10 +332,17 @@ class ChangelogHealth:
     partition only (a corrupt partition would log as often as records arrive). A batch the store
     cannot write is kept by Faust and tried again with the next records, or within 5 s: while it
     fails, :attr:`failing` says why (readiness), every failure is counted and each new reason
-    logged, so a recovery that cannot finish is never silent."""
+    logged, so a recovery that cannot finish is never silent.
 
+    No entry waits longer than ``longest_wait_ms`` (the longer of the join's TTL and the markers')
+    from when it is restored: one this project wrote was stored before now, so only a crafted
+    deadline (or one from a longer TTL than today's) is brought forward, and counted."""
+
+    longest_wait_ms: int
+    clock: Callable[[], float] = time.time
     skipped: int = 0
     upgraded: int = 0
+    deadlines_cut: int = 0
     failures: int = 0
     failing: str | None = None
     _logged: set[TP] = dataclasses.field(default_factory=set)
@@ -347,8 +363,15 @@ class ChangelogHealth:
                 raise
             check(upgraded, key)  # raises the error of the record as this layout reads it
             self.upgraded += 1
-            return key, upgraded
-        return key, value
+            value = upgraded
+        return key, self._within_longest_wait(value)
+
+    def _within_longest_wait(self, value: bytes) -> bytes:
+        latest_ms = int(self.clock() * 1000) + self.longest_wait_ms
+        if peek_times(value)[1] <= latest_ms:
+            return value
+        self.deadlines_cut += 1
+        return with_deadline(value, latest_ms)
 
     def skip(self, message, error: EntryError) -> None:
         self.skipped += 1
@@ -374,22 +397,25 @@ class ChangelogHealth:
         return {
             "join_changelog_records_skipped_total": self.skipped,
             "join_changelog_records_upgraded_total": self.upgraded,
+            "join_changelog_deadlines_cut_total": self.deadlines_cut,
             "join_recovery_failures_total": self.failures,
             "join_recovery_failure_active": 0 if self.failing is None else 1,
         }
 
 
 class JoinStore(HookedStore):
-    """Faust store for the join table. Table options: ``memory`` (a RocksMemory) and ``lock``
-    (the join window's: its batches and sweeps write while they hold it)."""
+    """Faust store for the join table. Table options: ``memory`` (a RocksMemory), ``lock`` (the
+    join window's: its batches and sweeps write while they hold it) and ``longest_wait_ms`` (see
+    :class:`ChangelogHealth`)."""
 
     def __init__(self, url, app, table, *, options=None, **kwargs: Any) -> None:
         options = dict(options or {})
         self.memory: RocksMemory = options.pop("memory")
         self.writers: asyncio.Lock = options.pop("lock")
+        longest_wait_ms: int = options.pop("longest_wait_ms")
         super().__init__(url, app, table, options=options, driver="rocksdict", **kwargs)
         self._partitions: dict[int, JoinPartition] = {}
-        self.changelog_health = ChangelogHealth()
+        self.changelog_health = ChangelogHealth(longest_wait_ms)
 
     # --- partitions ---------------------------------------------------------------------------
 

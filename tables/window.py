@@ -106,6 +106,7 @@ class JoinWindow:
         memory: RocksMemory,
         changelog_config: Mapping[str, Any],
         recovery_buffer_size: int,
+        longest_wait_ms: int,
     ) -> None:
         self.lock = asyncio.Lock()
         self.table = app.Table(
@@ -113,7 +114,7 @@ class JoinWindow:
             key_type=bytes,
             value_type=bytes,
             partitions=partitions,
-            options={"memory": memory, "lock": self.lock},
+            options={"memory": memory, "lock": self.lock, "longest_wait_ms": longest_wait_ms},
             extra_topic_configs=dict(changelog_config),
             recovery_buffer_size=recovery_buffer_size,
             standby_buffer_size=recovery_buffer_size,

@@ -80,6 +80,8 @@ HELP: dict[str, str] = {
         "holding a record the join cannot read.",
     "join_changelog_records_upgraded_total":
         "Join changelog records in the entry format before its version byte, read as the current one.",
+    "join_changelog_deadlines_cut_total":
+        "Restored join entries whose deadline lay beyond the markers' TTL from now, brought forward to it.",
     "join_recovery_failures_total": "Times a batch of join changelog records could not be written to the store.",
     "join_recovery_failure_active": "1 while the join's changelog recovery cannot write to its store (not ready).",
     "join_input_pauses_total": "Times a join input partition was paused for being ahead of its partner.",

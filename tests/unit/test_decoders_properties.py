@@ -44,6 +44,9 @@ DECODERS = {
 }
 PREFIX = struct.Struct(">2sBcI")
 
+# Longer than any u64 deadline: no entry is brought forward.
+BEYOND_ANY_DEADLINE_MS = 2**64
+
 
 def _jpeg(width=32, height=24, level=90) -> bytes:
     image = np.full((height, width, 3), level, np.uint8)
@@ -340,7 +343,7 @@ def test_arbitrary_bytes_decode_as_an_entry_or_raise_entry_error(name, value):
 def test_any_changelog_record_is_read_or_raises_entry_error(key, value, data):
     if value is not None and data.draw(st.booleans()):  # also values that pass the header, or are old
         value = data.draw(entries).encode()[data.draw(st.integers(0, 1)):] + value
-    health = ChangelogHealth()
+    health = ChangelogHealth(longest_wait_ms=BEYOND_ANY_DEADLINE_MS)
     try:
         stored_key, stored = health.readable(ChangelogMessage(key, value))
     except EntryError as exc:
@@ -363,7 +366,7 @@ def test_entries_round_trip_and_carry_their_version_first(entry):
 def test_entries_written_before_the_version_byte_upgrade_to_the_same_entry(entry):
     legacy = entry.encode()[1:]
     assert upgrade_legacy(legacy) == entry.encode()
-    assert ChangelogHealth().readable(ChangelogMessage(KEY, legacy)) == (KEY, entry.encode())
+    assert ChangelogHealth(longest_wait_ms=BEYOND_ANY_DEADLINE_MS).readable(ChangelogMessage(KEY, legacy)) == (KEY, entry.encode())
 
 
 @given(entry=entries, version=st.integers(0, 255).filter(lambda version: version != FORMAT_VERSION))
@@ -391,7 +394,7 @@ def test_the_check_refuses_a_pending_entry_whose_record_the_join_cannot_use(kind
     with pytest.raises(EntryError, match=f"join entry (of kind {kind.decode()}|under key) "):
         check(value, KEY)
     with pytest.raises(EntryError):
-        ChangelogHealth().readable(ChangelogMessage(KEY, value))
+        ChangelogHealth(longest_wait_ms=BEYOND_ANY_DEADLINE_MS).readable(ChangelogMessage(KEY, value))
     assert check(Entry(kind, NOW_MS, PAYLOADS[kind], NOW_MS).encode(), KEY)  # the same entry, unspoiled
 
 

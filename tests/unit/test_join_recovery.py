@@ -21,6 +21,7 @@ from streamapp.tables.window import STORE_URL, JoinWindow
 
 TOPIC = "app-join-changelog"
 CAPTURED_MS = 1_700_000_000_000
+NOW_MS = CAPTURED_MS + 1_000
 JPEG = jpegcraft.flat_grey(16, 16)
 
 
@@ -36,10 +37,15 @@ class Event:
         self.message = Message(*args)
 
 
+LONGEST_WAIT_MS = 60_000
+
+
 def open_window(data_dir) -> JoinWindow:
     app = faust.App("recovery-test", store=STORE_URL, datadir=str(data_dir))
-    return JoinWindow(app, name="join", partitions=2, memory=shared_rocks_memory(64 * 1024**2),
-                      changelog_config={}, recovery_buffer_size=10)
+    window = JoinWindow(app, name="join", partitions=2, memory=shared_rocks_memory(64 * 1024**2),
+                        changelog_config={}, recovery_buffer_size=10, longest_wait_ms=LONGEST_WAIT_MS)
+    window.store.changelog_health.clock = lambda: NOW_MS / 1000
+    return window
 
 
 @pytest.fixture
@@ -50,7 +56,7 @@ def window(tmp_path):
         partition.close()
 
 
-def frame_entry(deadline=10**13, index=0):
+def frame_entry(deadline=NOW_MS + 5_000, index=0):
     """The entry of frame cam:1:<index>, stored under that join key."""
     frame = wire.Frame(wire.FrameId("cam", 1, index), CAPTURED_MS, 16, 16, JPEG)
     return Entry(EntryKind.FRAME, deadline, wire.encode_frame(frame), 5).encode()
@@ -105,6 +111,20 @@ def test_entries_holding_a_record_the_join_cannot_use_are_skipped(window):
     assert window.store.changelog_health.skipped == len(entrycraft.ALL_CASES)
     assert window.get(0, b"cam:1:0") == Entry.decode(frame_entry())
     assert all(window.get(event.message.partition, event.message.key) is None for event in events[:-1])
+
+
+def test_no_restored_entry_waits_longer_than_the_markers_ttl(window):
+    """A deadline anyone may write to the changelog (here the latest a u64 holds) would keep its
+    entry, and its disk, for good: restored, it is due by the longest wait from now at the latest."""
+    forever = 2**64 - 1
+    window.store.apply_changelog_batch([Event(0, 0, b"cam:1:0", frame_entry(deadline=forever)),
+                                        Event(0, 1, b"cam:1:1", frame_entry(index=1))], None, None)
+
+    assert window.get(0, b"cam:1:0") == Entry.decode(frame_entry(deadline=NOW_MS + LONGEST_WAIT_MS))
+    assert window.get(0, b"cam:1:1") == Entry.decode(frame_entry(index=1))  # within it: as written
+    assert window.store.changelog_health.as_metrics()["join_changelog_deadlines_cut_total"] == 1
+    due = window.store.partition(0).due_by_deadline(EntryKind.PENDING, NOW_MS + LONGEST_WAIT_MS, 10)
+    assert [key for key, _ in due] == [b"cam:1:1", b"cam:1:0"]
 
 
 def test_a_future_version_says_which(window, caplog):

@@ -69,7 +69,7 @@ class _Store:
 
     def __init__(self, partitions) -> None:
         self.partitions = partitions
-        self.changelog_health = ChangelogHealth(skipped=2)
+        self.changelog_health = ChangelogHealth(longest_wait_ms=60_000, skipped=2)
 
     def active_partitions(self):
         return iter(enumerate(self.partitions))
@@ -98,6 +98,7 @@ def test_window_gauges_sum_owned_partitions_and_age_the_oldest_pending_entry(tmp
             "join_next_expiry_seconds": 1.0,
             "join_changelog_records_skipped_total": 2,
             "join_changelog_records_upgraded_total": 0,
+            "join_changelog_deadlines_cut_total": 0,
             "join_recovery_failures_total": 0,
             "join_recovery_failure_active": 0,
             "rocksdb_disk_bytes": 4096,
