@@ -366,7 +366,8 @@ def test_entries_round_trip_and_carry_their_version_first(entry):
 def test_entries_written_before_the_version_byte_upgrade_to_the_same_entry(entry):
     legacy = entry.encode()[1:]
     assert upgrade_legacy(legacy) == entry.encode()
-    assert ChangelogHealth(longest_wait_ms=BEYOND_ANY_DEADLINE_MS).readable(ChangelogMessage(KEY, legacy)) == (KEY, entry.encode())
+    health = ChangelogHealth(longest_wait_ms=BEYOND_ANY_DEADLINE_MS)
+    assert health.readable(ChangelogMessage(KEY, legacy)) == (KEY, entry.encode())
 
 
 @given(entry=entries, version=st.integers(0, 255).filter(lambda version: version != FORMAT_VERSION))
