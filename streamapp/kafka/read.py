@@ -13,7 +13,9 @@ the response again. Joining the chunks into one bytes first would be a third cop
 responses decoded from the socket's reads"). A large response is decoded from :class:`ChunksReader` instead: a
 record set is joined once from the reads it spans, and the whole response never exists as one.
 
-Nothing is buffered beyond the response aiokafka asked for, which its fetch limits bound.
+Nothing is buffered beyond the one response being read. Its size is the length the broker puts in
+front of it, trusted here as aiokafka trusts it: the fetch limits bound it only as far as the
+broker honours them.
 """
 
 from __future__ import annotations

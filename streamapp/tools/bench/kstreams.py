@@ -17,7 +17,7 @@ from pathlib import Path
 
 from streamapp.kafkasecurity import java_properties
 from streamapp.settings import Settings
-from streamapp.tools.localkafka.common import BrokerError, Notify
+from streamapp.tools.localkafka.common import BrokerError, Notify, write_private
 from streamapp.tools.localkafka.jars import check_java, copy_maven_dependencies
 
 KAFKA_STREAMS_VERSION = "4.4.0"
@@ -89,8 +89,7 @@ def write_client_properties(settings: Settings, folder: Path) -> Path:
     a password), for the join's clients."""
     path = folder / "client.properties"
     lines = [f"{key}={_escaped(value)}" for key, value in java_properties(settings.security).items()]
-    path.touch(mode=0o600)
-    path.write_text("\n".join(lines) + "\n")
+    write_private(path, ("\n".join(lines) + "\n").encode())
     return path
 
 
