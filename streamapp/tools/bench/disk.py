@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -52,7 +51,7 @@ from streamapp.tools.bench.disk_scenario import (
     phases,
 )
 from streamapp.tools.bench.plot import line_image, write_png
-from streamapp.tools.bench.report import machine
+from streamapp.tools.bench.report import machine, write_json
 from streamapp.tools.bench.sampler import rss_of
 from streamapp.tools.harness import JoinedTopic, Pipeline, SteadyCameras, follow, wait_for
 from streamapp.tools.localkafka.broker import LocalBroker
@@ -378,7 +377,7 @@ def run_disk_bench(options: DiskBenchOptions, settings: Settings) -> dict:
                           topic_names(settings)["frames"])
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "report.json", report)
     draw_chart(out / "disk.png", report)
     return report
 

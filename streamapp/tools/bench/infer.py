@@ -23,6 +23,7 @@ from streamapp.agents.resize import resize_frame
 from streamapp.agents.source import video_file_frames
 from streamapp.settings import Settings
 from streamapp.tools.arguments import count_arg
+from streamapp.tools.bench.report import write_json
 from streamapp.tools.harness import own_broker
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.publisher import FramePublisher
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"input {size}, {workers} infer worker(s): {fps} frames/s", flush=True)
     finally:
         broker.stop()
-    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out / "report.json", report)
     print(json.dumps(report, indent=2))
     return 0
 

@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib.metadata
-import json
 import os
 import platform
 import shlex
@@ -44,6 +43,7 @@ from streamapp import wire
 from streamapp.settings import EXACTLY_ONCE, Settings
 from streamapp.tools.bench import copy, join_report, kstreams, quixjoin, rdkafkacopy
 from streamapp.tools.bench.pairs import RESULT_LAG, Cameras, PairLoad, create_plain_topics, load_producer
+from streamapp.tools.bench.report import write_json
 from streamapp.tools.bench.sampler import cpu_seconds_of, directory_bytes, rss_of
 from streamapp.tools.harness import delete_topics, follow, own_broker
 from streamapp.tools.localkafka.common import KAFKA_VERSION
@@ -680,7 +680,7 @@ def run_join_bench(options: JoinBenchOptions, command: str, notify: Callable[[st
             drains = asyncio.run(bench.drain_rounds(ran))
     report = join_report.build_report(report_options(options, command, settings, bench), versions(),
                                       systems, machine_at_start, tls, drains)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "report.json", report)
     (out / "report.md").write_text(join_report.markdown(report))
     join_report.draw_chart(out / "join.png", report)
     return report

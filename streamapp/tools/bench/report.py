@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 from pathlib import Path
@@ -69,6 +70,12 @@ def build_report(options: SoakOptions, settings: Settings, progress: Progress, s
     report["targets"] = targets(report)
     report["samples"] = samples
     return report
+
+
+def write_json(path: Path, report: dict) -> None:
+    """A report on one line, no indent: a committed run's per-second samples stay a fraction of the
+    size (`python -m json.tool report.json` prints it readable)."""
+    path.write_text(json.dumps(report, separators=(",", ":")) + "\n")
 
 
 def percentile_summary(values: list[float]) -> dict[str, float | int]:

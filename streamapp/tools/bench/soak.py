@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import shutil
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from streamapp import wire
 from streamapp.settings import Settings
 from streamapp.tools.bench.naive import NaiveJoin, naive_topic
 from streamapp.tools.bench.pairs import Cameras, PairLoad, create_plain_topics, load_producer
-from streamapp.tools.bench.report import build_report, draw_charts
+from streamapp.tools.bench.report import build_report, draw_charts, write_json
 from streamapp.tools.bench.sampler import Sampler
 from streamapp.tools.bench.soak_state import STALL_AT, Progress, SoakOptions
 from streamapp.tools.harness import follow, output_consumer, own_broker
@@ -70,7 +69,7 @@ def run_soak(options: SoakOptions, settings: Settings | None = None) -> dict:
             broker.stop()
         _remove(scratch)
     report = build_report(options, settings, progress, sampler.samples)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "report.json", report)
     draw_charts(out, report, sampler.samples)
     return report
 
