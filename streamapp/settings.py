@@ -21,7 +21,7 @@ from typing import Any
 
 from streamapp.errors import UsageError
 from streamapp.memoryplan import decoded_frame_pixels
-from streamapp.units import UnitError, parse_bytes, parse_duration
+from streamapp.units import UnitError, milliseconds, parse_bytes, parse_duration
 
 STAGES = ("resize", "infer", "join", "sink")
 # What a worker does when its stream buffers are full: stop fetching, or (live video) drop the
@@ -473,6 +473,18 @@ class Settings:
         _require(self.processing_guarantee != EXACTLY_ONCE or not {"resize", "join"} <= set(self.stages),
                  "STREAMAPP_PROCESSING_GUARANTEE=exactly_once: resize and join both read frames and commit "
                  "its offsets; run them in separate workers (STREAMAPP_STAGES)")
+
+    @property
+    def join_ttl_ms(self) -> int:
+        return milliseconds(self.join_ttl_s)
+
+    @property
+    def done_marker_ttl_ms(self) -> int:
+        return milliseconds(self.done_marker_ttl_s)
+
+    @property
+    def input_retention_ms(self) -> int:
+        return milliseconds(self.input_retention_s)
 
     @property
     def budget_frame_pixels(self) -> int:
