@@ -11,7 +11,6 @@ limit is the same number, for what slips past it.
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -22,35 +21,27 @@ if TYPE_CHECKING:
 
 __all__ = ["cv2", "pixel_limit", "use_pixel_limit"]
 
-log = logging.getLogger(__name__)
-
-_pixel_limit: int | None = None
-_loaded_with: int | None = None  # OpenCV's own limit, once cv2 has loaded
+_pixel_limit = Settings().frame_pixel_limit
 
 
 def use_pixel_limit(pixels: int) -> None:
     """Frames of at most ``pixels`` are decoded in this process: our own check's limit at once,
-    and OpenCV's when cv2 loads. OpenCV keeps the limit it loaded with."""
+    and OpenCV's when cv2 loads (a worker names it first; OpenCV keeps the limit it loaded with)."""
     global _pixel_limit
     _pixel_limit = pixels
-    if _loaded_with is not None and _loaded_with != pixels:
-        log.warning("OpenCV keeps the limit of %d pixels it loaded with; frames are checked against %d "
-                    "before it decodes them", _loaded_with, pixels)
 
 
 def pixel_limit() -> int:
     """Pixels of the largest frame this process decodes."""
-    return Settings().frame_pixel_limit if _pixel_limit is None else _pixel_limit
+    return _pixel_limit
 
 
 def __getattr__(name: str) -> Any:
     """``cv2``, loaded on first use under this process's limit."""
-    global _loaded_with
     if name != "cv2":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     limit = pixel_limit()
     os.environ["OPENCV_IO_MAX_IMAGE_PIXELS"] = str(limit)
     module = importlib.import_module("cv2")
-    _loaded_with = limit
     globals()["cv2"] = module
     return module
