@@ -112,12 +112,15 @@ Environ.get = watched
 """
 
 
-def test_importing_anything_but_the_app_reads_no_setting(tmp_path):
+def test_importing_anything_but_the_app_reads_no_setting_and_registers_nothing(tmp_path):
     """A process's settings are the Settings it is handed or reads as it starts: importing a module
-    reads none (what an import read would overrule the Settings handed to create_app)."""
+    reads none (what an import read would overrule the Settings handed to create_app), nor adds to
+    Faust's registries."""
     env = {**os.environ, "STREAMAPP_MAX_FRAME_PIXELS": "1000"}
     env.pop("PYTHONPATH", None)
-    finished = subprocess.run([sys.executable, "-c", WATCH_SETTINGS + IMPORT_ALL + "print(sorted(read))\n"],
+    told = ("from faust.stores import STORES\nfrom streamapp.tables.window import STORE_SCHEME\n"
+            "print(sorted(read), STORE_SCHEME in STORES.aliases)\n")
+    finished = subprocess.run([sys.executable, "-c", WATCH_SETTINGS + IMPORT_ALL + told],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.splitlines()[-1] == "[]"
+    assert finished.stdout.splitlines()[-1] == "[] False"
