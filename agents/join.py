@@ -44,6 +44,7 @@ from streamapp.units import event_bytes
 from streamapp.wire import Detections, Frame, Joined
 
 if TYPE_CHECKING:
+    from streamapp.settings import Settings
     from streamapp.tables.transaction import JoinTransaction, WriteRetry
     from streamapp.worker.outbox import Outbox
     from streamapp.worker.stage import Stage
@@ -109,6 +110,11 @@ class Joiner:
     # How long the first side waited for the second, on the join's clock: the part of the
     # end-to-end delay the join adds, independent of the producers' clocks.
     latency: Histogram = dataclasses.field(default_factory=lambda: Histogram(JOIN_LATENCY_BOUNDS))
+
+    @classmethod
+    def for_settings(cls, settings: Settings, **observed: Any) -> Joiner:
+        """The join of these settings: the worker's, and the replay's prediction of it."""
+        return cls(settings.join_ttl_ms, settings.done_marker_ttl_ms, **observed)
 
     def arrive(self, state: JoinState, record: Frame | Detections, raw: bytes, *,
                event_ms: int, now_ms: int) -> Joined | None:
@@ -450,9 +456,7 @@ def register(stage: Stage) -> None:
         # Markers outlast pending sides (Settings checks it): no entry waits longer.
         longest_wait_ms=int(settings.done_marker_ttl_s * 1000),
     )
-    joiner = Joiner(ttl_ms=int(settings.join_ttl_s * 1000),
-                    marker_ttl_ms=int(settings.done_marker_ttl_s * 1000),
-                    latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
+    joiner = Joiner.for_settings(settings, latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
     record_limit = max_record_bytes(settings)
     disk = DiskGuard(settings.disk_budget_bytes, settings.data_dir, reserve_bytes=settings.disk_reserve_bytes)
     # Under exactly-once a batch's outputs, changelog records and offsets commit in its

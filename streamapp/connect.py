@@ -35,6 +35,7 @@ from streamapp.errors import (
 )
 from streamapp.kafkasecurity import security_options
 from streamapp.settings import Settings
+from streamapp.units import milliseconds
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and _IP_ADDRESS_MISMATCH: the certificate is trusted
 # but names other hosts.
@@ -116,7 +117,7 @@ async def diagnose(settings: Settings, timeout_s: float = 15.0) -> StreamappErro
         try:
             with quiet_logger("aiokafka"):
                 connection = await asyncio.wait_for(
-                    create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **options), timeout_s)
+                    create_conn(host, port, request_timeout_ms=milliseconds(timeout_s), **options), timeout_s)
         except StreamappError as exc:  # the OAuth token endpoint's failure
             return exc
         except (OSError, kafka_errors.KafkaError) as exc:  # TimeoutError is an OSError

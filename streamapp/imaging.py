@@ -29,10 +29,10 @@ def decode_jpeg(jpeg: bytes, *, size: tuple[int, int] | None = None, max_pixels:
     """The BGR image of ``jpeg``; with ``size`` (width, height) the JPEG must have exactly that size.
 
     ``max_pixels`` defaults to the process's limit (STREAMAPP_MAX_FRAME_PIXELS, or what
-    STREAMAPP_MEMORY_BUDGET allows), the one OpenCV enforces too.
+    STREAMAPP_MEMORY_BUDGET allows, of the settings the worker runs), the one OpenCV enforces too.
     """
     header = check_jpeg(jpeg, size)
-    check_decode_cost(jpeg, header, opencv.PIXEL_LIMIT if max_pixels is None else max_pixels)
+    check_decode_cost(jpeg, header, opencv.pixel_limit() if max_pixels is None else max_pixels)
     try:
         image = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), AS_STORED)
     except cv2.error as exc:  # its own limits, on what slipped past ours

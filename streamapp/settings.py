@@ -15,12 +15,13 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from streamapp.errors import UsageError
 from streamapp.memoryplan import decoded_frame_pixels
-from streamapp.units import UnitError, parse_bytes, parse_duration
+from streamapp.units import UnitError, milliseconds, parse_bytes, parse_duration
 
 STAGES = ("resize", "infer", "join", "sink")
 # What a worker does when its stream buffers are full: stop fetching, or (live video) drop the
@@ -264,66 +265,151 @@ def _secret(env: Mapping[str, str], name: str) -> Secret | None:
     return Secret(text, path)
 
 
+def _int(raw: str, name: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number") from None
+
+
+def _float(raw: str, name: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number")
+    return value
+
+
+def _names(raw: str, name: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def parse_stages(raw: str, name: str) -> tuple[str, ...]:
+    """Stage names, comma-separated, in the order given (it names the worker's group), or ``all``."""
+    if raw.strip() == "all":
+        return STAGES
+    return _names(raw, name)
+
+
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _bool(raw: str, name: str) -> bool:
+    try:
+        return _BOOLEANS[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{name} must be true or false (or 1/0, yes/no, on/off)") from None
+
+
+def _size(raw: str, name: str) -> int:
+    return parse_bytes(raw, name=name)
+
+
+def _duration(raw: str, name: str) -> float:
+    return parse_duration(raw, name=name)
+
+
+def _text(raw: str, name: str) -> str:
+    return raw
+
+
+def _path(raw: str, name: str) -> Path:
+    return Path(raw)
+
+
+def parse_resolution(raw: str, name: str = "resolution") -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", raw)
+    if not match:
+        raise ValueError(f"{name}: {raw!r} is not WIDTHxHEIGHT, e.g. 320x240")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableKind:
+    """How a setting's variable is read (``parse(raw, variable)``) and written back for another process."""
+
+    parse: Callable[[str, str], Any]
+    show: Callable[[Any], str] = str
+
+
+_TEXT, _INT, _FLOAT, _SIZE, _BOOL, _PATH = (VariableKind(parse) for parse in (_text, _int, _float, _size, _bool, _path))
+_DURATION = VariableKind(_duration, lambda seconds: f"{seconds}s")
+_NAMES = VariableKind(_names, ",".join)
+_STAGES = VariableKind(parse_stages, ",".join)
+
+
+def _variable(name: str, kind: VariableKind, default: Any) -> Any:
+    """A field of :class:`Settings` read from the environment variable ``name``."""
+    return dataclasses.field(default=default, metadata={"variable": (name, kind)})
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    broker: str = "kafka://127.0.0.1:9092"
-    app_id: str = "streamapp"
-    topic_prefix: str = ""
-    stages: tuple[str, ...] = STAGES
-    partitions: int = 4
-    bucket_size: int = 900
-    join_ttl_s: float = 5.0
-    sweep_interval_s: float = 1.0
+    """Every setting of a process. A field read from the environment names its variable and how it is
+    read and written back (:func:`_variable`): the one list that from_env, to_env and the docs' check use."""
+
+    broker: str = _variable("STREAMAPP_BROKER", _TEXT, "kafka://127.0.0.1:9092")
+    app_id: str = _variable("STREAMAPP_APP_ID", _TEXT, "streamapp")
+    topic_prefix: str = _variable("STREAMAPP_TOPIC_PREFIX", _TEXT, "")
+    stages: tuple[str, ...] = _variable("STREAMAPP_STAGES", _STAGES, STAGES)
+    partitions: int = _variable("STREAMAPP_PARTITIONS", _INT, 4)
+    bucket_size: int = _variable("STREAMAPP_BUCKET_SIZE", _INT, 900)
+    join_ttl_s: float = _variable("STREAMAPP_JOIN_TTL", _DURATION, 5.0)
+    sweep_interval_s: float = _variable("STREAMAPP_SWEEP_INTERVAL", _DURATION, 1.0)
     # How long "already joined / already expired" is remembered, so late results are counted
     # as late instead of waiting a TTL as orphans.
-    done_marker_ttl_s: float = 60.0
-    max_frame_bytes: int = 16 * 1024**2
-    memory_budget_bytes: int = 1024**3
+    done_marker_ttl_s: float = _variable("STREAMAPP_DONE_MARKER_TTL", _DURATION, 60.0)
+    max_frame_bytes: int = _variable("STREAMAPP_MAX_FRAME_BYTES", _SIZE, 16 * 1024**2)
+    memory_budget_bytes: int = _variable("STREAMAPP_MEMORY_BUDGET", _SIZE, 1024**3)
     # Pixels of the largest frame a stage decodes; 0 is all that its share of the memory budget holds.
-    max_frame_pixels: int = 0
-    overload: str = BACKPRESSURE
+    max_frame_pixels: int = _variable("STREAMAPP_MAX_FRAME_PIXELS", _INT, 0)
+    overload: str = _variable("STREAMAPP_OVERLOAD", _TEXT, BACKPRESSURE)
     # Bytes the worker's tables may take on disk; near it the oldest pending entries expire early.
-    disk_budget_bytes: int = 4 * 1024**3
+    disk_budget_bytes: int = _variable("STREAMAPP_DISK_BUDGET", _SIZE, 4 * 1024**3)
     # Free space kept on the join's and the sink's file systems: below it they pause.
-    disk_reserve_bytes: int = 64 * 1024**2
+    disk_reserve_bytes: int = _variable("STREAMAPP_DISK_RESERVE", _SIZE, 64 * 1024**2)
     # The broker's log for all the pipeline's topics; split into retention per partition.
-    broker_disk_budget_bytes: int = 24 * 1024**3
+    broker_disk_budget_bytes: int = _variable("STREAMAPP_BROKER_DISK_BUDGET", _SIZE, 24 * 1024**3)
     # The sink's frames and video segments, all streams together; past it the oldest files are deleted.
-    sink_disk_budget_bytes: int = 2 * 1024**3
-    input_retention_s: float = 3600.0
-    data_dir: Path = Path("data")
-    out_dir: Path = Path("out")
-    web_port: int = 6066
+    sink_disk_budget_bytes: int = _variable("STREAMAPP_SINK_DISK_BUDGET", _SIZE, 2 * 1024**3)
+    input_retention_s: float = _variable("STREAMAPP_INPUT_RETENTION", _DURATION, 3600.0)
+    data_dir: Path = _variable("STREAMAPP_DATA_DIR", _PATH, Path("data"))
+    out_dir: Path = _variable("STREAMAPP_OUT_DIR", _PATH, Path("out"))
+    web_port: int = _variable("STREAMAPP_WEB_PORT", _INT, 6066)
     # The address the web port listens on: this host only unless told otherwise (0.0.0.0: every interface).
-    web_bind: str = "127.0.0.1"
+    web_bind: str = _variable("STREAMAPP_WEB_BIND", _TEXT, "127.0.0.1")
     # A bearer token every web route but the health checks asks for; empty asks none. Never printed.
+    # Read by from_env as a secret (STREAMAPP_WEB_TOKEN or its _FILE), like the security settings.
     web_token: str = dataclasses.field(default="", repr=False)
+    # Both from STREAMAPP_RESIZE (WIDTHxHEIGHT).
     resize_width: int = 320
     resize_height: int = 240
-    jpeg_quality: int = 90
-    detector: str = "color"
+    jpeg_quality: int = _variable("STREAMAPP_JPEG_QUALITY", _INT, 90)
+    detector: str = _variable("STREAMAPP_DETECTOR", _TEXT, "color")
     # YOLOv3-tiny (STREAMAPP_DETECTOR=yolo): square network input in pixels, the lowest class
     # score kept, the overlap above which non-maximum suppression drops the weaker box, and the
     # COCO classes kept (all when empty).
-    yolo_input: int = 416
-    yolo_confidence: float = 0.25
-    yolo_nms: float = 0.45
-    yolo_classes: tuple[str, ...] = ()
+    yolo_input: int = _variable("STREAMAPP_YOLO_INPUT", _INT, 416)
+    yolo_confidence: float = _variable("STREAMAPP_YOLO_CONFIDENCE", _FLOAT, 0.25)
+    yolo_nms: float = _variable("STREAMAPP_YOLO_NMS", _FLOAT, 0.45)
+    yolo_classes: tuple[str, ...] = _variable("STREAMAPP_YOLO_CLASSES", _NAMES, ())
     # Most frames the infer stage hands its detector at once when frames are waiting.
-    infer_batch: int = 4
-    processing_guarantee: str = AT_LEAST_ONCE
+    infer_batch: int = _variable("STREAMAPP_INFER_BATCH", _INT, 4)
+    processing_guarantee: str = _variable("STREAMAPP_PROCESSING_GUARANTEE", _TEXT, AT_LEAST_ONCE)
     # Under exactly-once, how long a partition's transaction spans batches before it commits.
-    transaction_interval_s: float = 0.1
+    transaction_interval_s: float = _variable("STREAMAPP_TRANSACTION_INTERVAL", _DURATION, 0.1)
     # Copies of every topic partition, changelogs included: 3 on a three-broker cluster.
-    replication_factor: int = 1
+    replication_factor: int = _variable("STREAMAPP_REPLICATION_FACTOR", _INT, 1)
     # Static consumer-group membership: a worker restarted within the session timeout takes its
     # partitions back at once, without a rebalance (see docs/operations.md for the trade-off).
-    static_membership: bool = True
+    static_membership: bool = _variable("STREAMAPP_STATIC_MEMBERSHIP", _BOOL, True)
     # How long the group waits for a worker that stopped answering before its partitions move on.
-    session_timeout_s: float = 10.0
+    session_timeout_s: float = _variable("STREAMAPP_SESSION_TIMEOUT", _DURATION, 10.0)
     # Latest annotated frame per stream kept for the sink's live preview page; 0 turns it off.
-    preview_bytes: int = 32 * 1024**2
-    log_format: str = "text"
+    preview_bytes: int = _variable("STREAMAPP_PREVIEW_BYTES", _SIZE, 32 * 1024**2)
+    log_format: str = _variable("STREAMAPP_LOG_FORMAT", _TEXT, "text")
     security: KafkaSecurity = dataclasses.field(default_factory=lambda: KafkaSecurity())
 
     def __post_init__(self) -> None:
@@ -389,6 +475,18 @@ class Settings:
                  "its offsets; run them in separate workers (STREAMAPP_STAGES)")
 
     @property
+    def join_ttl_ms(self) -> int:
+        return milliseconds(self.join_ttl_s)
+
+    @property
+    def done_marker_ttl_ms(self) -> int:
+        return milliseconds(self.done_marker_ttl_s)
+
+    @property
+    def input_retention_ms(self) -> int:
+        return milliseconds(self.input_retention_s)
+
+    @property
     def budget_frame_pixels(self) -> int:
         """Pixels of the largest frame whose decoding fits its share of the memory budget
         (streamapp.memoryplan)."""
@@ -428,12 +526,12 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         values: dict = {}
-        for field, (variable, parse) in _ENV.items():
+        for field, (variable, kind) in _ENV.items():
             raw = env.get(variable)
             if raw is None or raw == "":
                 continue
             try:
-                values[field] = parse(raw, variable)
+                values[field] = kind.parse(raw, variable)
             except (UnitError, ValueError) as exc:
                 reason = str(exc).removeprefix(f"{variable}: ").removeprefix(f"{variable} ")
                 raise SettingsError(f"{variable}={raw!r}: {reason}") from None
@@ -451,13 +549,8 @@ class Settings:
     def to_env(self) -> dict[str, str]:
         """The environment that makes another process read these same settings."""
         env = {}
-        for field, (variable, _) in _ENV.items():
-            value = getattr(self, field)
-            if isinstance(value, tuple):
-                value = ",".join(value)
-            elif field.endswith("_s"):
-                value = f"{value}s"
-            env[variable] = str(value)
+        for field, (variable, kind) in _ENV.items():
+            env[variable] = kind.show(getattr(self, field))
         env["STREAMAPP_RESIZE"] = f"{self.resize_width}x{self.resize_height}"
         if self.web_token:
             env["STREAMAPP_WEB_TOKEN"] = self.web_token
@@ -472,102 +565,6 @@ def _require(condition: bool, message: str) -> None:
         raise SettingsError(message)
 
 
-def _int(raw: str, name: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a whole number") from None
-
-
-def _float(raw: str, name: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number")
-    return value
-
-
-def _names(raw: str, name: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in raw.split(",") if part.strip())
-
-
-def parse_stages(raw: str, name: str) -> tuple[str, ...]:
-    """Stage names, comma-separated, in the order given (it names the worker's group), or ``all``."""
-    if raw.strip() == "all":
-        return STAGES
-    return _names(raw, name)
-
-
-_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
-
-
-def _bool(raw: str, name: str) -> bool:
-    try:
-        return _BOOLEANS[raw.strip().lower()]
-    except KeyError:
-        raise ValueError(f"{name} must be true or false (or 1/0, yes/no, on/off)") from None
-
-
-def _size(raw: str, name: str) -> int:
-    return parse_bytes(raw, name=name)
-
-
-def _duration(raw: str, name: str) -> float:
-    return parse_duration(raw, name=name)
-
-
-def _text(raw: str, name: str) -> str:
-    return raw
-
-
-def _path(raw: str, name: str) -> Path:
-    return Path(raw)
-
-
-def parse_resolution(raw: str, name: str = "resolution") -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", raw)
-    if not match:
-        raise ValueError(f"{name}: {raw!r} is not WIDTHxHEIGHT, e.g. 320x240")
-    return int(match.group(1)), int(match.group(2))
-
-
-_ENV = {
-    "broker": ("STREAMAPP_BROKER", _text),
-    "app_id": ("STREAMAPP_APP_ID", _text),
-    "topic_prefix": ("STREAMAPP_TOPIC_PREFIX", _text),
-    "stages": ("STREAMAPP_STAGES", parse_stages),
-    "partitions": ("STREAMAPP_PARTITIONS", _int),
-    "bucket_size": ("STREAMAPP_BUCKET_SIZE", _int),
-    "join_ttl_s": ("STREAMAPP_JOIN_TTL", _duration),
-    "sweep_interval_s": ("STREAMAPP_SWEEP_INTERVAL", _duration),
-    "done_marker_ttl_s": ("STREAMAPP_DONE_MARKER_TTL", _duration),
-    "max_frame_bytes": ("STREAMAPP_MAX_FRAME_BYTES", _size),
-    "memory_budget_bytes": ("STREAMAPP_MEMORY_BUDGET", _size),
-    "max_frame_pixels": ("STREAMAPP_MAX_FRAME_PIXELS", _int),
-    "overload": ("STREAMAPP_OVERLOAD", _text),
-    "disk_budget_bytes": ("STREAMAPP_DISK_BUDGET", _size),
-    "input_retention_s": ("STREAMAPP_INPUT_RETENTION", _duration),
-    "disk_reserve_bytes": ("STREAMAPP_DISK_RESERVE", _size),
-    "broker_disk_budget_bytes": ("STREAMAPP_BROKER_DISK_BUDGET", _size),
-    "sink_disk_budget_bytes": ("STREAMAPP_SINK_DISK_BUDGET", _size),
-    "data_dir": ("STREAMAPP_DATA_DIR", _path),
-    "out_dir": ("STREAMAPP_OUT_DIR", _path),
-    "web_port": ("STREAMAPP_WEB_PORT", _int),
-    "web_bind": ("STREAMAPP_WEB_BIND", _text),
-    "detector": ("STREAMAPP_DETECTOR", _text),
-    "yolo_input": ("STREAMAPP_YOLO_INPUT", _int),
-    "yolo_confidence": ("STREAMAPP_YOLO_CONFIDENCE", _float),
-    "yolo_nms": ("STREAMAPP_YOLO_NMS", _float),
-    "yolo_classes": ("STREAMAPP_YOLO_CLASSES", _names),
-    "infer_batch": ("STREAMAPP_INFER_BATCH", _int),
-    "jpeg_quality": ("STREAMAPP_JPEG_QUALITY", _int),
-    "processing_guarantee": ("STREAMAPP_PROCESSING_GUARANTEE", _text),
-    "transaction_interval_s": ("STREAMAPP_TRANSACTION_INTERVAL", _duration),
-    "replication_factor": ("STREAMAPP_REPLICATION_FACTOR", _int),
-    "static_membership": ("STREAMAPP_STATIC_MEMBERSHIP", _bool),
-    "session_timeout_s": ("STREAMAPP_SESSION_TIMEOUT", _duration),
-    "preview_bytes": ("STREAMAPP_PREVIEW_BYTES", _size),
-    "log_format": ("STREAMAPP_LOG_FORMAT", _text),
-}
+# Each field read from the environment, with its variable and kind.
+_ENV: dict[str, tuple[str, VariableKind]] = {
+    field.name: field.metadata["variable"] for field in dataclasses.fields(Settings) if "variable" in field.metadata}

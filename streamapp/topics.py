@@ -27,7 +27,7 @@ from streamapp.connect import diagnose, not_authorized, principal, quiet_logger
 from streamapp.errors import ExitCode, StreamappError
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import STAGES, Settings
-from streamapp.units import format_bytes
+from streamapp.units import format_bytes, milliseconds
 
 # The stage sets the docs deploy the join in: all four stages in one worker, and one worker per
 # stage. `streamapp topics create` makes their join changelogs unless told other stage sets.
@@ -221,7 +221,7 @@ def topic_specs(settings: Settings, *, layouts: Iterable[tuple[str, ...]] = ()) 
             "max.message.bytes": str(max_record_bytes(settings)),
         }
 
-    retention_ms = int(settings.input_retention_s * 1000)
+    retention_ms = settings.input_retention_ms
     specs = [TopicSpec(names[kind], settings.partitions, bounded(names[kind], retention_ms),
                        feeds_join=kind in ("frames", "detections"))
              for kind in ("frames", "scaled", "detections", "joined")]
@@ -239,7 +239,7 @@ async def ensure_topics(settings: Settings, *, layouts: Iterable[tuple[str, ...]
     check co-partitioning, and with ``group`` that this user may use the consumer group. Returns
     the names it created. Topics that exist are only verified, so a user who may not create topics
     (a managed service's usual ACLs) can start."""
-    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=int(timeout_s * 1000))
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=milliseconds(timeout_s))
     try:
         with quiet_logger("aiokafka"):
             await asyncio.wait_for(admin.start(), timeout_s)

@@ -71,6 +71,12 @@ def parse_duration(text: str | float, *, name: str = "duration") -> float:
     return float(number) * _DURATION_UNITS[unit]
 
 
+def milliseconds(seconds: float) -> int:
+    """A duration in whole milliseconds, rounded: the one conversion of a setting's seconds, so every
+    reader agrees (1.001s is 1001ms; truncating would give 1000, 1.001 being 1.000999... in binary)."""
+    return round(seconds * 1000)
+
+
 def format_bytes(count: int) -> str:
     """``1536 -> '1.5KiB'``: for messages and reports."""
     value = float(count)

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from streamapp.tables.store import JoinStore
 
 STORE_SCHEME = "streamapp-join"
-STORES.aliases.setdefault(STORE_SCHEME, "streamapp.tables.store:JoinStore")
 STORE_URL = f"{STORE_SCHEME}://"
 
 # Expired entries are handled in batches of this many, yielding to the event loop in between, so
@@ -109,6 +108,7 @@ class JoinWindow:
         longest_wait_ms: int,
     ) -> None:
         self.lock = asyncio.Lock()
+        STORES.aliases.setdefault(STORE_SCHEME, "streamapp.tables.store:JoinStore")  # as one is built, not on import
         self.table = app.Table(
             name,
             key_type=bytes,

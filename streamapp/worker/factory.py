@@ -19,7 +19,7 @@ from typing import NoReturn, cast
 
 from faust.types.settings import Settings as FaustSettings
 
-from streamapp import topics as topic_defs
+from streamapp import opencv, topics as topic_defs
 from streamapp.errors import StreamappError, one_line
 from streamapp.kafka import client as kafkaclient, consumer
 from streamapp.kafka.app import KafkaApp, PromptTableManager
@@ -132,6 +132,8 @@ def faust_variables(env: Mapping[str, str]) -> list[str]:
 def create_app(settings: Settings | None = None) -> StreamApp:
     settings = settings or Settings.from_env()
     settings.check_worker()
+    # Before any stage loads OpenCV, which reads its limit once.
+    opencv.use_pixel_limit(settings.frame_pixel_limit)
     kafkaclient.install()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     plan = memory_plan(settings)

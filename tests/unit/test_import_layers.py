@@ -96,3 +96,31 @@ def test_importing_anything_but_the_app_builds_nothing(tmp_path):
     count, stage = finished.stdout.split()
     assert int(count) > 60 and stage == "Stage"
     assert list(tmp_path.iterdir()) == []
+
+
+# Every variable read by name (os.environ.get, os.getenv) whose name starts STREAMAPP_, recorded
+# before anything is imported; a copy of the whole environment (for a subprocess) is no read.
+WATCH_SETTINGS = """
+import os
+read = set()
+Environ, get = type(os.environ), type(os.environ).get
+def watched(env, key, default=None):
+    if key.startswith("STREAMAPP_"):
+        read.add(key)
+    return get(env, key, default)
+Environ.get = watched
+"""
+
+
+def test_importing_anything_but_the_app_reads_no_setting_and_registers_nothing(tmp_path):
+    """A process's settings are the Settings it is handed or reads as it starts: importing a module
+    reads none (what an import read would overrule the Settings handed to create_app), nor adds to
+    Faust's registries."""
+    env = {**os.environ, "STREAMAPP_MAX_FRAME_PIXELS": "1000"}
+    env.pop("PYTHONPATH", None)
+    told = ("from faust.stores import STORES\nfrom streamapp.tables.window import STORE_SCHEME\n"
+            "print(sorted(read), STORE_SCHEME in STORES.aliases)\n")
+    finished = subprocess.run([sys.executable, "-c", WATCH_SETTINGS + IMPORT_ALL + told],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.splitlines()[-1] == "[] False"

@@ -4,7 +4,10 @@ import pytest
 
 from streamapp import wire
 from streamapp.agents.join import CHANGELOG_ROOM_BYTES, Joiner, check_fits
+from streamapp.settings import Settings
 from streamapp.tables.entry import Entry, EntryKind
+from streamapp.tools.replay.format import Record
+from streamapp.tools.replay.predict import predict
 
 TTL_MS = 5_000
 MARKER_MS = 60_000
@@ -41,6 +44,17 @@ def test_frame_then_result_joins_once_and_leaves_a_marker():
     assert joined.detections.boxes == (box,)
     assert state[b"cam:1:7"] == Entry(EntryKind.JOINED, 10 + MARKER_MS)
     assert join.counts.joined == 1
+
+
+def test_a_ttl_of_1001ms_is_1001ms_to_the_worker_and_to_the_replay_prediction():
+    """1.001 s is 1.000999... as a float: truncated, the worker held a frame 1000 ms where the
+    prediction, rounding, held it 1001 ms and expected a join 1000 ms later that the worker missed."""
+    settings = Settings.from_env({"STREAMAPP_JOIN_TTL": "1.001s"})
+    state = DictState()
+    Joiner.for_settings(settings).arrive(state, *frame(7), event_ms=0, now_ms=0)
+    assert state[b"cam:1:7"].deadline_ms == 1001
+    sent = [Record("frames", 0, 0, 0, b"cam", frame(7)[1]), Record("detections", 0, 0, 1000, b"cam", result(7)[1])]
+    assert predict(sent, settings, speed=1.0).joined == {wire.FrameId("cam", 1, 7)}
 
 
 def test_result_first_then_frame_joins():

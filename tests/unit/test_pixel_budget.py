@@ -198,21 +198,30 @@ def test_cut_or_corrupted_jpeg_headers_give_a_header_or_corrupt_frame(data, base
 # --- OpenCV's own limit -------------------------------------------------------------------------
 
 
-def test_opencv_s_own_limit_is_the_frame_pixel_limit():
-    """Set before cv2 loads (it reads the variable once, then): a frame one pixel over the limit
-    is refused by OpenCV itself, called directly, past our own check."""
-    code = ("import numpy as np; from streamapp.opencv import cv2, PIXEL_LIMIT\n"
+def test_opencv_s_own_limit_is_the_frame_pixel_limit_of_the_settings_the_worker_runs(tmp_path):
+    """Set before cv2 loads (it reads the variable once, then), from the Settings handed to
+    create_app or read from the environment: a frame one pixel over the limit is refused by OpenCV
+    itself, called directly, past our own check. Importing the module reads no environment."""
+    code = ("import sys, numpy as np; from pathlib import Path\n"
+            "from streamapp.settings import Settings\n"
+            "from streamapp.worker.factory import create_app\n"
+            "limit, data = int(sys.argv[2]), Path(sys.argv[3])\n"
+            "given = {'env': None, 'settings': Settings(max_frame_pixels=limit, data_dir=data)}\n"
+            "if sys.argv[1] != 'import':\n    create_app(given[sys.argv[1]])\n"
+            "from streamapp.opencv import cv2, pixel_limit\n"
             "jpeg = cv2.imencode('.jpg', np.zeros((100, 100, 3), np.uint8))[1]\n"
-            "try:\n    print(PIXEL_LIMIT, cv2.imdecode(jpeg, cv2.IMREAD_COLOR).shape)\n"
-            "except cv2.error as exc:\n    print(PIXEL_LIMIT, 'refused', 'CV_IO_MAX_IMAGE_PIXELS' in str(exc))\n")
+            "try:\n    print(pixel_limit(), cv2.imdecode(jpeg, cv2.IMREAD_COLOR).shape)\n"
+            "except cv2.error as exc:\n    print(pixel_limit(), 'refused', 'CV_IO_MAX_IMAGE_PIXELS' in str(exc))\n")
 
-    def run(limit: str) -> str:
-        env = {"PATH": "/usr/bin:/bin", "STREAMAPP_MAX_FRAME_PIXELS": limit}
-        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                              check=True, timeout=60).stdout.strip()
+    def run(given: str, limit: str, env: dict[str, str]) -> str:
+        env = {"PATH": "/usr/bin:/bin", "STREAMAPP_DATA_DIR": str(tmp_path), **env}
+        return subprocess.run([sys.executable, "-c", code, given, limit, str(tmp_path)], env=env, capture_output=True,
+                              text=True, check=True, timeout=60).stdout.strip()
 
-    assert run("10000") == "10000 (100, 100, 3)"
-    assert run("9999") == "9999 refused True"
+    assert run("settings", "10000", {}) == "10000 (100, 100, 3)"
+    assert run("settings", "9999", {}) == "9999 refused True"
+    assert run("env", "0", {"STREAMAPP_MAX_FRAME_PIXELS": "9999"}) == "9999 refused True"
+    assert run("import", "0", {"STREAMAPP_MAX_FRAME_PIXELS": "9999"}) == f"{LIMIT} (100, 100, 3)"
 
 
 def test_the_project_imports_cv2_only_through_streamapp_opencv():
@@ -230,16 +239,17 @@ def test_the_project_imports_cv2_only_through_streamapp_opencv():
 def test_an_opencv_error_in_decoding_costs_infer_the_frame_not_the_agent():
     """What slips past our check and OpenCV refuses (here: our limit asked above OpenCV's) is a
     CorruptFrame with OpenCV's reason on one line, which infer dead-letters like resize and sink."""
-    code = ("import numpy as np\n"
+    code = ("import numpy as np, streamapp.opencv\n"
+            "streamapp.opencv.use_pixel_limit(10000)\n"
             "from streamapp.agents.infer import ColorContourDetector, infer_frames\n"
             "from streamapp.imaging import decode_jpeg, encode_jpeg\n"
             "from streamapp.wire import Frame, FrameId\n"
             "jpeg = encode_jpeg(np.zeros((100, 101, 3), np.uint8))\n"
             "frame = Frame(FrameId('cam', 1, 0), 1_700_000_000_000, 101, 100, jpeg)\n"
-            "import streamapp.opencv; streamapp.opencv.PIXEL_LIMIT = 20000\n"
+            "import streamapp.opencv; streamapp.opencv.use_pixel_limit(20000)\n"
             "result, = infer_frames([frame], ColorContourDetector())\n"
             "print(type(result).__name__, str(result))\n")
-    env = {"PATH": "/usr/bin:/bin", "STREAMAPP_MAX_FRAME_PIXELS": "10000"}
+    env = {"PATH": "/usr/bin:/bin"}
     said = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                           timeout=60).stdout.strip()
     assert said.startswith("CorruptFrame JPEG data cannot be decoded: OpenCV") and "MAX_IMAGE_PIXELS" in said

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from pathlib import Path
 
@@ -155,6 +156,17 @@ def test_a_customised_settings_round_trips_through_the_environment():
     )
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings.from_env(Settings().to_env()) == Settings()
+
+
+def test_every_setting_but_the_secrets_and_the_resolution_names_its_own_variable():
+    """A field added without its variable could not be set, nor handed to another process."""
+    unnamed = {field.name for field in dataclasses.fields(Settings) if "variable" not in field.metadata}
+    assert unnamed == {"web_token", "resize_width", "resize_height", "security"}
+
+
+def test_a_duration_is_in_whole_milliseconds_rounded_wherever_it_is_used():
+    settings = Settings(join_ttl_s=1.001, done_marker_ttl_s=2.0029, input_retention_s=0.0291)  # 1.001 is 1.000999...
+    assert (settings.join_ttl_ms, settings.done_marker_ttl_ms, settings.input_retention_ms) == (1001, 2003, 29)
 
 
 # Durations in milliseconds, as people write them (Python prints much smaller or larger floats

@@ -257,7 +257,7 @@ class KafkaStreamsJoin(System):
         argv = kstreams.command(self.build, bootstrap=self.settings.bootstrap_servers,
                                 application_id=f"{topics.prefix}kstreams", frames=topics.frames,
                                 results=topics.results, output=topics.output, state_dir=state,
-                                window_ms=int(self.settings.join_ttl_s * 1000),
+                                window_ms=self.settings.join_ttl_ms,
                                 client_properties=self.client_properties(scratch))
         process = Process("Kafka Streams join", argv, logs / "kstreams.log", kstreams.READY_MARKER)
         return Running(process, pending=lambda: kstreams.last_rocksdb_bytes(process.log_path))
@@ -289,7 +289,7 @@ class QuixStreamsJoin(System):
         state = scratch / "state"
         state.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "streamapp.tools.bench.quixjoin", f"{topics.prefix}quix", topics.frames,
-                topics.results, topics.output, str(state), str(int(self.settings.join_ttl_s * 1000))]
+                topics.results, topics.output, str(state), str(self.settings.join_ttl_ms)]
         process = Process("Quix Streams join", argv, logs / "quix.log", quixjoin.READY_MARKER,
                           env={**os.environ, **self.settings.to_env()})
         return Running(process, pending=lambda: directory_bytes(state))

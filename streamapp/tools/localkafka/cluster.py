@@ -14,6 +14,7 @@ from streamapp.tools.localkafka.common import DEFAULT_PORT, BrokerError, Notify
 from streamapp.tools.localkafka.locations import default_data_dir
 from streamapp.tools.localkafka.processes import ephemeral_ports, new_cluster_id, run_async
 from streamapp.tools.localkafka.security import BrokerSecurity
+from streamapp.units import milliseconds
 
 CLUSTER_NODES = 3
 
@@ -141,7 +142,7 @@ async def count_under_replicated(bootstrap: str, timeout_s: float = 10.0,
     replicas; -1 when the cluster cannot be asked."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=milliseconds(timeout_s),
                                 **(client_options or {}))
     try:
         await admin.start()

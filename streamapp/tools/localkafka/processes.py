@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamapp.tools.localkafka.common import BrokerError
+from streamapp.units import milliseconds
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -131,7 +132,7 @@ async def answers_metadata(bootstrap: str, node_id: int, timeout_s: float,
                            client_options: Mapping[str, Any] | None = None) -> bool:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=milliseconds(timeout_s),
                                 **(client_options or {}))
     try:
         await admin.start()

@@ -32,6 +32,7 @@ from streamapp.kafkasecurity import security_options
 from streamapp.settings import KafkaSecurity, Settings
 from streamapp.tools.localkafka.common import write_private
 from streamapp.tools.localkafka.oauth import AUDIENCE, DEFAULT_TOKEN_LIFETIME_S, SCOPE, TokenEndpoint
+from streamapp.units import milliseconds
 
 SASL_SSL, MUTUAL_TLS = "sasl_ssl", "ssl"
 SECURITY_MODES = ("plaintext", SASL_SSL, MUTUAL_TLS)
@@ -180,7 +181,7 @@ class BrokerSecurity:
                 f"{prefix}sasl.server.callback.handler.class": f"{OAUTH_PACKAGE}.OAuthBearerValidatorCallbackHandler",
                 # The session of a connection ends with its token: past it, the broker closes the
                 # connection unless the client authenticated again.
-                f"{prefix}connections.max.reauth.ms": int(self.token_lifetime_s * 1000),
+                f"{prefix}connections.max.reauth.ms": milliseconds(self.token_lifetime_s),
                 "sasl.oauthbearer.jwks.endpoint.url": endpoint.jwks_url,
                 "sasl.oauthbearer.expected.audience": AUDIENCE,
                 "sasl.oauthbearer.expected.issuer": endpoint.issuer,

@@ -19,7 +19,7 @@ from streamapp.tools.replay.publish import publish
 from streamapp.tools.replay.scenario import ReplayPlan, Scenario
 from streamapp.tools.replay.transforms import SPEC_HELP
 from streamapp.topics import topic_names
-from streamapp.units import UnitError, parse_duration
+from streamapp.units import UnitError, milliseconds, parse_duration
 from streamapp.wire import parse_stream_id
 
 # Where synthetic recordings start; fixed, so that a regenerated recording has the same keys.
@@ -107,7 +107,7 @@ def run_record(args: argparse.Namespace) -> int:
         width, height = args.size
         records = synthetic_records(settings, streams=args.streams, frames=args.frames, width=width,
                                     height=height, fps=args.fps or 15.0,
-                                    latency_ms=round(args.latency * 1000), start_ms=SYNTHETIC_START_MS,
+                                    latency_ms=milliseconds(args.latency), start_ms=SYNTHETIC_START_MS,
                                     prefix=args.stream)
         renamed = (_renamed(record, names) for record in records)
         partitions = {names["frames"]: settings.partitions, names["detections"]: settings.partitions}

@@ -35,7 +35,7 @@ def predict(records: Iterable[Record], settings: Settings, *, speed: float | Non
     expires entries up to one sweep interval later, so scenarios keep their timings clear of the
     TTL by more than that.
     """
-    joiner = Joiner(ttl_ms=round(settings.join_ttl_s * 1000), marker_ttl_ms=round(settings.done_marker_ttl_s * 1000))
+    joiner = Joiner.for_settings(settings)
     window = _PredictedWindow(joiner, settings.partitions)
     joined = set()
     start, now = None, 0

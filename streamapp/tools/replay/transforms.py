@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from streamapp import wire
 from streamapp.errors import StreamappError
 from streamapp.tools.replay.format import Record
-from streamapp.units import UnitError, parse_duration
+from streamapp.units import UnitError, milliseconds, parse_duration
 
 SIDES = ("frames", "results", "both")
 _SIDE_OF_TYPE = {wire.Frame: "frames", wire.Detections: "results"}
@@ -273,7 +273,7 @@ def _fraction(text: str, spec: str) -> float:
 
 def _ms(text: str, spec: str) -> int:
     try:
-        return round(parse_duration(text, name=spec) * 1000)
+        return milliseconds(parse_duration(text, name=spec))
     except UnitError as exc:
         raise ReplayError(str(exc)) from None
 
