@@ -454,7 +454,7 @@ def register(stage: Stage) -> None:
         changelog_config=changelog_config(settings),
         recovery_buffer_size=stage.buffer_records,
         # Markers outlast pending sides (Settings checks it): no entry waits longer.
-        longest_wait_ms=int(settings.done_marker_ttl_s * 1000),
+        longest_wait_ms=settings.done_marker_ttl_ms,
     )
     joiner = Joiner.for_settings(settings, latency=stage.metrics.histogram("join_latency_seconds", JOIN_LATENCY_BOUNDS))
     record_limit = max_record_bytes(settings)

@@ -116,7 +116,7 @@ def test_entries_whose_record_the_join_cannot_read_are_skipped_and_the_join_stay
             partners.append(("detections", result_value, frame, ts) if kind == EntryKind.FRAME
                             else ("frames", frame_value, frame, ts))
     try:
-        asyncio.run(ensure_topics(join_settings, with_changelog=True))
+        asyncio.run(ensure_topics(join_settings, layouts=[("join",)]))
         asyncio.run(_write_changelog(join_settings, entries))
         pipeline.start_all(("join",))
         sides = partners + [(role, value, frame, ts) for frame, frame_value, result_value, ts in ordinary
