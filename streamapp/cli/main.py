@@ -62,7 +62,8 @@ def configure_topics(parser: argparse.ArgumentParser) -> None:
 
 
 def run_topics(args: argparse.Namespace) -> int:
-    from streamapp.topics import DOCUMENTED_LAYOUTS, disk_plan, ensure_topics
+    from streamapp.topicadmin import ensure_topics
+    from streamapp.topics import DOCUMENTED_LAYOUTS, disk_plan
 
     settings = Settings.from_env()
     print(disk_plan(settings).describe())  # refuses a plan that cannot fit before touching the broker

@@ -33,7 +33,8 @@ from streamapp.tools.localkafka.locations import default_data_dir
 from streamapp.tools.localkafka.processes import free_port, port_in_use
 from streamapp.tools.localkafka.security import BrokerSecurity
 from streamapp.tools.workers import Worker
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import max_record_bytes, topic_names
 from streamapp.wire import new_epoch
 
 POLL_S = 0.25

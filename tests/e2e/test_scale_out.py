@@ -27,7 +27,8 @@ from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import read_joined_until
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker
-from streamapp.topics import ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import topic_names
 from streamapp.wire import new_epoch
 
 pytestmark = pytest.mark.e2e

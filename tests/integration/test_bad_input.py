@@ -30,7 +30,8 @@ from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import read_topic, wait_for
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import max_record_bytes, topic_names
 from streamapp.wire import Frame, FrameId, Joined
 
 pytestmark = pytest.mark.kafka

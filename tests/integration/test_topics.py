@@ -14,7 +14,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from streamapp.errors import ExitCode
 from streamapp.settings import Settings
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.topics import TopicError, changelog_name, check_copartitioned, disk_plan, ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import TopicError, changelog_name, check_copartitioned, disk_plan, topic_names
 
 
 def settings_for(bootstrap: str, **changes) -> Settings:

@@ -27,7 +27,7 @@ from streamapp.settings import Settings
 from streamapp.tools.harness import own_broker
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker, wait_until
-from streamapp.topics import ensure_topics
+from streamapp.topicadmin import ensure_topics
 from streamapp.wire import new_epoch
 
 HELP = "YOLOv3-tiny per frame in process, and frames/s of infer workers through a backlog"
