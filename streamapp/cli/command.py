@@ -14,12 +14,17 @@ class CommandError(StreamappError, RuntimeError):
     """A subcommand failed in an expected way; the message is shown as is."""
 
 
+# Adds a command's arguments to its parser; runs it and returns the exit code.
+Configure = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+
 @dataclasses.dataclass(frozen=True)
 class Command:
     name: str
     help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    configure: Configure
+    run: Run
 
 
 def note(message: str) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from streamapp import assets
 from streamapp.cli import upgrade
 from streamapp.cli.arguments import count_arg, fps_arg, resolution_arg, stages_arg
-from streamapp.cli.command import Command, CommandError, note
+from streamapp.cli.command import Command, CommandError, Configure, Run, note
 from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
 from streamapp.kafka import client as kafkaclient
 from streamapp.settings import Settings
@@ -175,13 +175,15 @@ TOOL_COMMANDS = {
 
 
 class ToolsMissing(CommandError):
+    """A tool's command where only the production package is installed."""
+
     def __init__(self, command: str) -> None:
         super().__init__(f"`streamapp {command}` comes with the streamapp tools, which are not installed",
                          "pip install 'streamapp[tools]' (in a checkout: pip install ./streamapp/tools)")
 
 
-def tool_handlers() -> dict | None:
-    """The tools' handlers by command name, or None when the tools are not installed."""
+def tool_handlers() -> dict[str, tuple[Configure, Run]] | None:
+    """The tools' arguments and handler of each command, or None when the tools are not installed."""
     try:
         return importlib.import_module(TOOLS).HANDLERS
     except ModuleNotFoundError as exc:
@@ -190,7 +192,10 @@ def tool_handlers() -> dict | None:
         return None
 
 
-def tools_missing(name: str) -> Command:
+def stand_in(name: str) -> Command:
+    """A tool's command without the tools: listed, and refusing to run (:func:`main` refuses
+    whatever follows its name, flags the stand-in cannot know included)."""
+
     def run(args: argparse.Namespace) -> int:
         raise ToolsMissing(name)
 
@@ -208,7 +213,7 @@ COMMANDS: list[Command] = [
     fetch_command("model", assets.MODEL, "the YOLOv3-tiny model files (STREAMAPP_DETECTOR=yolo)"),
     fetch_command("samples", assets.SAMPLES, "the sample videos (vtest.avi, bikes.mp4)"),
     Command("check-upgrade", upgrade.HELP, upgrade.configure, upgrade.run),
-    *(Command(name, help, *TOOL_HANDLERS[name]) if TOOL_HANDLERS else tools_missing(name)
+    *(Command(name, help, *TOOL_HANDLERS[name]) if TOOL_HANDLERS else stand_in(name)
       for name, help in TOOL_COMMANDS.items()),
 ]
 

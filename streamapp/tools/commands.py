@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from streamapp.cli.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
-from streamapp.cli.command import Command, CommandError, note
+from streamapp.cli.command import Command, CommandError, Configure, Run, note
 from streamapp.errors import ExitCode, UsageError
 from streamapp.settings import Settings
 from streamapp.tools import chaos
@@ -256,9 +255,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-
-Configure = Callable[[argparse.ArgumentParser], None]
-Run = Callable[[argparse.Namespace], int]
 
 HANDLERS: dict[str, tuple[Configure, Run]] = {
     "broker": (configure_broker, run_broker),
