@@ -1,6 +1,8 @@
 # The streamapp image: the `streamapp` command, the Faust workers (`faust -A streamapp.app`), the
 # YOLOv3-tiny model and the two sample videos. docker-compose.yml builds it; the Kubernetes chart
 # (deploy/helm/streamapp) runs the same image. Kafka itself runs from the official apache/kafka image.
+# It holds what runs in production: the local broker, the demo, the benchmarks, record and replay
+# are the tools distribution's (streamapp/tools/pyproject.toml), which `pip install /src` leaves out.
 FROM python:3.11-slim AS install
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

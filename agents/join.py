@@ -40,6 +40,7 @@ from streamapp.samples import JOIN_LATENCY_BOUNDS, Histogram
 from streamapp.tables.entry import OTHER_SIDE, Entry, EntryKind
 from streamapp.tables.progress import ReadProgress, remember_latest
 from streamapp.tables.transaction import CHANGE_OVERHEAD_BYTES
+from streamapp.topics import JOIN_TABLE, changelog_config, max_record_bytes
 from streamapp.units import event_bytes
 from streamapp.wire import Detections, Frame, Joined
 
@@ -443,7 +444,6 @@ def register(stage: Stage) -> None:
     """The Faust side: one agent over frames + detections taking batches, and the sweep timer."""
     from streamapp.tables.disk import DiskGuard
     from streamapp.tables.window import DueOutcome, JoinWindow
-    from streamapp.topics import JOIN_TABLE, changelog_config, max_record_bytes
 
     settings, app, topics = stage.settings, stage.app, stage.topics
     window = JoinWindow(

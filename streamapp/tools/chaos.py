@@ -40,9 +40,9 @@ from collections import Counter
 from pathlib import Path
 
 from streamapp import wire
+from streamapp.cli.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
 from streamapp.settings import PROCESSING_GUARANTEES, STAGES, Settings
 from streamapp.sinkfiles import frame_path
-from streamapp.tools.arguments import count_arg, count_or_zero_arg, port_arg, steady_fps_arg
 from streamapp.tools.harness import (
     POLL_S,
     JoinedTopic,

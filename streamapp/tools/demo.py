@@ -21,25 +21,22 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 from streamapp import assets, wire
 from streamapp.agents.sink import VideoAssembler
 from streamapp.agents.source import video_file_frames
+from streamapp.cli.publisher import FramePublisher, Stream, synthetic_streams
 from streamapp.errors import StreamappError
 from streamapp.groundtruth import TruthBox, match_boxes
 from streamapp.settings import STAGES, Settings
 from streamapp.sinkfiles import frame_path, video_segments
 from streamapp.tools.contactsheet import save_contact_sheet
-from streamapp.tools.harness import Pipeline, delete_topics, ensure_broker, read_joined_until, synthetic_streams
-from streamapp.tools.publisher import FramePublisher
+from streamapp.tools.harness import Pipeline, delete_topics, ensure_broker, read_joined_until
 from streamapp.tools.workers import Worker, wait_until
 from streamapp.wire import new_epoch
 
 log = logging.getLogger(__name__)
-# A stream's frames, each with its true boxes (None for real footage).
-Source = Iterator[tuple[wire.Frame, list[TruthBox] | None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +196,7 @@ async def _produce(options: DemoOptions, settings: Settings) -> Produced:
     return produced
 
 
-def _sources(options: DemoOptions, epoch: int, fps: float) -> list[Source]:
+def _sources(options: DemoOptions, epoch: int, fps: float) -> list[Stream]:
     """One iterator of (frame, true boxes) per stream: synthetic scenes, or videos without truth.
 
     Capture times follow ``fps``, the publishing rate; as fast as possible (0) keeps each

@@ -3,7 +3,7 @@ per stage, publishers of frames, and readers of ``joined``.
 
 The demo, ``bench chaos``, ``bench soak``, ``bench join``, ``bench disk`` and the tests that run workers are all
 built from these pieces, so they start, feed, read and stop the pipeline the same way. Loads and
-publishers produce as :func:`streamapp.tools.publisher.producer_config` says; readers of the
+publishers produce as :func:`streamapp.cli.publisher.producer_config` says; readers of the
 output consume as :func:`output_consumer` says. (The systems that ``bench join`` measures, the
 plain copy and the naive baseline, keep their own tuning: it is part of what is measured.)
 """
@@ -16,7 +16,7 @@ import shutil
 import time
 import urllib.error
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
-from streamapp.groundtruth import TruthBox
+from streamapp.cli.publisher import FramePublisher, synthetic_streams
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import STAGES, Settings
 from streamapp.tools.localkafka.broker import LocalBroker
@@ -32,9 +32,9 @@ from streamapp.tools.localkafka.common import Notify
 from streamapp.tools.localkafka.locations import default_data_dir
 from streamapp.tools.localkafka.processes import free_port, port_in_use
 from streamapp.tools.localkafka.security import BrokerSecurity
-from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import max_record_bytes, topic_names
 from streamapp.wire import new_epoch
 
 POLL_S = 0.25
@@ -157,18 +157,6 @@ async def wait_for(condition: Callable[[], object], timeout_s: float) -> float |
 
 
 # --- publishing -------------------------------------------------------------------------------
-
-# A stream's frames, each with its true boxes (None: not known, e.g. a video).
-Stream = Iterator[tuple[wire.Frame, list[TruthBox] | None]]
-
-
-def synthetic_streams(count: int, width: int, height: int, *, frames: int | None, fps: float,
-                      epoch: int, prefix: str = "cam") -> list[Stream]:
-    """``count`` synthetic cameras ``<prefix>1``.. of one epoch, ``frames`` each (None: endless),
-    their capture times ``fps`` apart; each frame comes with its true boxes."""
-    return [synthetic_frames(f"{prefix}{number}", epoch, frames, width, height, seed=number, fps=fps)
-            for number in range(1, count + 1)]
-
 
 class SteadyCameras:
     """Publishes ``count`` endless synthetic cameras of a new epoch, each at ``fps``, until

@@ -19,7 +19,7 @@ from typing import NoReturn, cast
 
 from faust.types.settings import Settings as FaustSettings
 
-from streamapp import opencv, topics as topic_defs
+from streamapp import opencv, topicadmin, topics as topic_defs
 from streamapp.errors import StreamappError, one_line
 from streamapp.kafka import client as kafkaclient, consumer
 from streamapp.kafka.app import KafkaApp, PromptTableManager
@@ -75,7 +75,7 @@ class StreamApp(KafkaApp):
         self.conf.consumer_group_instance_id = settings.group_instance_id(  # type: ignore[assignment]
             str(self.conf.canonical_url))
         try:
-            created = await topic_defs.ensure_topics(settings, layouts=[settings.stages], group=True)
+            created = await topicadmin.ensure_topics(settings, layouts=[settings.stages], group=True)
         except StreamappError as exc:
             # Before any stream or table has started: nothing to flush, so no shutdown to wait for.
             exit_with(exc)

@@ -20,9 +20,9 @@ from streamapp import wire
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
 from streamapp.agents.source import video_file_frames
+from streamapp.cli.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.tools.harness import Pipeline, read_joined_until
-from streamapp.tools.publisher import FramePublisher
 from streamapp.wire import new_epoch
 
 pytestmark = pytest.mark.e2e

@@ -20,14 +20,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp import wire
+from streamapp.cli.publisher import FramePublisher, synthetic_streams
 from streamapp.samples import sample_name
 from streamapp.settings import STAGES, Settings
 from streamapp.sinkfiles import frame_path
-from streamapp.tools.harness import read_joined_until, synthetic_streams
+from streamapp.tools.harness import read_joined_until
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker
-from streamapp.topics import ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import topic_names
 from streamapp.wire import new_epoch
 
 pytestmark = pytest.mark.e2e

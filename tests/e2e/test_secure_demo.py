@@ -45,7 +45,7 @@ def test_the_demo_as_the_pipeline_user_with_only_its_acls(secure_kafka, tmp_path
                                   secure_kafka.client_options(ADMIN)))
     # The admin makes the topics (the join worker's changelog too); the pipeline user may not.
     env = {name: value for name, value in os.environ.items() if not name.startswith("STREAMAPP_")}
-    made = subprocess.run([sys.executable, "-m", "streamapp.tools.cli", "topics", "create"], capture_output=True,
+    made = subprocess.run([sys.executable, "-m", "streamapp.cli.main", "topics", "create"], capture_output=True,
                           text=True, timeout=120, env={**env, **secure_kafka.admin_env(),
                                                        "STREAMAPP_TOPIC_PREFIX": prefix, "STREAMAPP_STAGES": "join"})
     assert made.returncode == 0, made.stderr

@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
+from streamapp.cli.publisher import producer_config
 from streamapp.settings import Settings
-from streamapp.tools.publisher import producer_config
 from streamapp.topics import topic_names
 from streamapp.wire import new_epoch
 

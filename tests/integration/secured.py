@@ -25,7 +25,7 @@ def user_env(secure_kafka, user: str, **changes: str) -> dict[str, str]:
 
 
 def run_cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamapp.tools.cli", *argv], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "streamapp.cli.main", *argv], env=env, capture_output=True,
                           text=True, timeout=180)
 
 

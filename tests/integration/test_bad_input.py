@@ -22,15 +22,16 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
+from streamapp.cli.publisher import FramePublisher
 from streamapp.imaging import encode_jpeg
 from streamapp.jpeg import CorruptFrame, OverPixelBudget, jpeg_size
 from streamapp.settings import Settings
 from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import read_topic, wait_for
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import max_record_bytes, topic_names
 from streamapp.wire import Frame, FrameId, Joined
 
 pytestmark = pytest.mark.kafka

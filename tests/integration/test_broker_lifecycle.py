@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streamapp.tools.cli import main
+from streamapp.cli.main import main
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.common import BrokerError
 from streamapp.tools.localkafka.processes import free_port

@@ -13,7 +13,7 @@ from streamapp.tools.harness import publish_frames, read_joined, wait_for
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker
-from streamapp.topics import ensure_topics
+from streamapp.topicadmin import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

@@ -14,7 +14,8 @@ from aiokafka.admin.records_to_delete import RecordsToDelete
 
 from streamapp.settings import Settings
 from streamapp.tools.harness import Pipeline, publish_frames, wait_for
-from streamapp.topics import ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import topic_names
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

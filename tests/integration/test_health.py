@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 from streamapp.settings import Settings
 from streamapp.tools.harness import Pipeline, publish_frames, wait_for
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.topics import ensure_topics
+from streamapp.topicadmin import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

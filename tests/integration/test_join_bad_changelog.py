@@ -11,11 +11,12 @@ import entrycraft
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from streamapp.cli.publisher import producer_config
 from streamapp.settings import Settings
 from streamapp.tables.entry import Entry, EntryKind
 from streamapp.tools.harness import Pipeline, read_joined, wait_for
-from streamapp.tools.publisher import producer_config
-from streamapp.topics import changelog_name, ensure_topics
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import changelog_name
 
 from publishing import pair_records, send_at
 

@@ -22,7 +22,8 @@ from streamapp.settings import Settings
 from streamapp.tools.harness import output_consumer, read_joined
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker, wait_until
-from streamapp.topics import changelog_name, ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import changelog_name, topic_names
 
 from publishing import pair_records, send_at, send_pairs
 

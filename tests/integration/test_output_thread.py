@@ -9,7 +9,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from streamapp.settings import Settings
-from streamapp.topics import ensure_topics, max_record_bytes, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import max_record_bytes, topic_names
 from streamapp.worker.outbox import OUTPUT_CONNECTIONS, OutputThread
 
 

@@ -27,12 +27,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamapp import wire
 from streamapp.agents.sink import label_colour
+from streamapp.cli.publisher import producer_config
 from streamapp.imaging import encode_jpeg
 from streamapp.settings import Settings
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.tools.publisher import producer_config
 from streamapp.tools.workers import Worker, wait_until
-from streamapp.topics import ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import topic_names
 
 # Labels whose box colours (BGR) appear nowhere else on the page.
 STREAM_LABELS = {"cam1": "green", "cam2": "blue"}

@@ -14,13 +14,14 @@ from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
 from streamapp.agents.source import synthetic_frames
+from streamapp.cli.publisher import FramePublisher, producer_config
 from streamapp.settings import Settings
 from streamapp.sinkfiles import frame_path
 from streamapp.tools.harness import processed, read_joined, wait_for
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.tools.publisher import FramePublisher, producer_config
 from streamapp.tools.workers import Worker
-from streamapp.topics import ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import topic_names
 from streamapp.wire import Detections, new_epoch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]

@@ -18,7 +18,8 @@ from streamapp.tools.localkafka.acls import create_acls, pipeline_acls
 from streamapp.tools.localkafka.processes import free_port, run_async
 from streamapp.tools.localkafka.security import ADMIN, PIPELINE, make_certificates
 from streamapp.tools.workers import Worker, wait_until
-from streamapp.topics import ConfigRefused, TopicSpec, changelog_name, create_topics, topic_names
+from streamapp.topicadmin import ConfigRefused, create_topics
+from streamapp.topics import TopicSpec, changelog_name, topic_names
 
 from secured import PIPELINE_PASSWORD_MARK, assert_one_line, run_cli, run_worker, user_env
 

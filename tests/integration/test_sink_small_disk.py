@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from streamapp.agents.source import synthetic_frames
+from streamapp.cli.publisher import FramePublisher
 from streamapp.settings import Settings
 from streamapp.sinkfiles import frame_path, last_index, video_segments
 from streamapp.tools.harness import Pipeline, publish_frames, wait_for
-from streamapp.tools.publisher import FramePublisher
 from streamapp.wire import new_epoch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]

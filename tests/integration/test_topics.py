@@ -14,7 +14,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from streamapp.errors import ExitCode
 from streamapp.settings import Settings
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.topics import TopicError, changelog_name, check_copartitioned, disk_plan, ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import TopicError, changelog_name, check_copartitioned, disk_plan, topic_names
 
 
 def settings_for(bootstrap: str, **changes) -> Settings:
@@ -64,7 +65,7 @@ def test_topics_are_created_with_the_disk_plan_and_one_frame_limit(kafka_bootstr
 
 def test_topics_create_prints_the_plan_it_creates(kafka_bootstrap):
     settings = settings_for(kafka_bootstrap, partitions=2, broker_disk_budget_bytes=4 * 1024**3)
-    finished = subprocess.run([sys.executable, "-m", "streamapp.tools.cli", "topics", "create"],
+    finished = subprocess.run([sys.executable, "-m", "streamapp.cli.main", "topics", "create"],
                               env={**settings.to_env(), "PATH": str(Path(sys.executable).parent)},
                               capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr

@@ -9,7 +9,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streamapp.tools.cli import main
+from streamapp.cli.main import main
 from streamapp.tools.replay.format import Recording
 
 pytestmark = pytest.mark.replay

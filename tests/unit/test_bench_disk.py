@@ -3,6 +3,7 @@ the verdict over a sampled series."""
 
 import pytest
 
+from streamapp.cli.main import main
 from streamapp.errors import UsageError
 from streamapp.settings import Settings
 from streamapp.tools.bench.disk_scenario import (
@@ -22,7 +23,6 @@ from streamapp.tools.bench.disk_scenario import (
     phases,
     plateaued,
 )
-from streamapp.tools.cli import main
 
 MIB = 1024**2
 

@@ -9,6 +9,7 @@ import cv2
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 
+from streamapp.cli.main import main
 from streamapp.settings import Settings
 from streamapp.tools.bench import join, quixjoin, rdkafkacopy
 from streamapp.tools.bench.join import Bench, JoinBenchOptions, LibrdkafkaCopy, Outputs, parse_join_key
@@ -29,7 +30,6 @@ from streamapp.tools.bench.join_report import (
     step_summary,
 )
 from streamapp.tools.bench.pairs import FRAME, RESULT, Cameras, publish_order
-from streamapp.tools.cli import main
 from streamapp.tools.localkafka.security import make_certificates
 
 

@@ -17,9 +17,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from streamapp.cli.main import main
 from streamapp.errors import ExitCode
 from streamapp.settings import STAGES, Settings
-from streamapp.tools.cli import main
 from streamapp.tools.localkafka import jars, locations, processes
 from streamapp.tools.localkafka.acls import PatternType, pipeline_acls
 from streamapp.tools.localkafka.broker import LocalBroker

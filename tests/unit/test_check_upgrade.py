@@ -3,8 +3,8 @@ library, the exit code from whether any moved, and the pins read from the instal
 
 from __future__ import annotations
 
+from streamapp.cli.upgrade import pinned_versions, report
 from streamapp.kafka import seams
-from streamapp.tools.upgrade import pinned_versions, report
 
 FOUND = {
     "versions": {"aiokafka": "0.15.0", "faust-streaming": "0.15.3", "python": "3.11.7"},

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from streamapp.tools.cli import COMMANDS, build_parser, main
+from streamapp.cli.main import COMMANDS, build_parser, main
 from streamapp.tools.localkafka.processes import free_port
 
 
@@ -87,7 +87,7 @@ def test_a_busy_port_exits_7_without_traceback(tmp_path):
         sock.listen()
         port = sock.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-m", "streamapp.tools.cli", "broker", "start", "--port", str(port),
+            [sys.executable, "-m", "streamapp.cli.main", "broker", "start", "--port", str(port),
              "--data-dir", str(tmp_path / "b")],
             capture_output=True, text=True, timeout=60,
         )

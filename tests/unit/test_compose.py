@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from streamapp import assets
+from streamapp.cli.main import build_parser
 from streamapp.settings import STAGES, Settings
-from streamapp.tools.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_TEXT = (REPO / "docker-compose.yml").read_text()

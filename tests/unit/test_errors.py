@@ -16,7 +16,7 @@ from streamapp.tools.localkafka.processes import free_port
 
 
 def run_cli(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamapp.tools.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "streamapp.cli.main", *argv], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **(env or {})}, cwd=cwd)
 
 

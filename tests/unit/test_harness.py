@@ -3,9 +3,9 @@ worker."""
 
 from __future__ import annotations
 
+from streamapp.cli.publisher import producer_config, synthetic_streams
 from streamapp.settings import Settings
-from streamapp.tools.harness import Pipeline, synthetic_streams
-from streamapp.tools.publisher import producer_config
+from streamapp.tools.harness import Pipeline
 from streamapp.topics import max_record_bytes
 
 

@@ -2,7 +2,7 @@
 
 import io
 
-from streamapp.tools.progress import Progress
+from streamapp.cli.progress import Progress
 
 
 class Clock:

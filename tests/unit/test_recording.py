@@ -9,8 +9,8 @@ import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
 from streamapp import wire
+from streamapp.cli.main import main
 from streamapp.settings import Settings
-from streamapp.tools.cli import main
 from streamapp.tools.replay.capture import key_partition, synthetic_records
 from streamapp.tools.replay.format import Record, Recording, RecordingError, RecordingWriter
 from streamapp.tools.replay.transforms import side_of

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from streamapp import wire
+from streamapp.cli.main import main
 from streamapp.settings import Settings
-from streamapp.tools.cli import main
 from streamapp.tools.replay.format import Record, RecordingWriter
 from streamapp.tools.replay.predict import predict
 from streamapp.tools.replay.publish import ReplayTarget, _PartitionCounts

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from streamapp.tools.arguments import count_arg, resolution_arg, size_arg, steady_fps_arg
+from streamapp.cli.arguments import count_arg, resolution_arg, size_arg, steady_fps_arg
 from streamapp.tools.bench.disk_scenario import FILESYSTEMS, DiskBenchOptions
 from streamapp.units import UnitError, parse_duration
 

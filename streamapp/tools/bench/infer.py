@@ -21,14 +21,14 @@ from streamapp import assets
 from streamapp.agents.infer import YoloDetector, infer_frame
 from streamapp.agents.resize import resize_frame
 from streamapp.agents.source import video_file_frames
+from streamapp.cli.arguments import count_arg
+from streamapp.cli.publisher import FramePublisher
 from streamapp.settings import Settings
-from streamapp.tools.arguments import count_arg
 from streamapp.tools.bench.report import write_json
 from streamapp.tools.harness import own_broker
 from streamapp.tools.localkafka.processes import free_port
-from streamapp.tools.publisher import FramePublisher
 from streamapp.tools.workers import Worker, wait_until
-from streamapp.topics import ensure_topics
+from streamapp.topicadmin import ensure_topics
 from streamapp.wire import new_epoch
 
 HELP = "YOLOv3-tiny per frame in process, and frames/s of infer workers through a backlog"

@@ -51,7 +51,8 @@ from streamapp.tools.localkafka.jars import check_java
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.localkafka.security import ADMIN, BrokerSecurity
 from streamapp.tools.workers import Process, Worker, wait_until
-from streamapp.topics import ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import topic_names
 from streamapp.wire import new_epoch
 
 SAMPLE_INTERVAL_S = 0.5

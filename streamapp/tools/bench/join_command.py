@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from streamapp.tools.arguments import (
+from streamapp.cli.arguments import (
     count_arg,
     count_or_zero_arg,
     rates_arg,

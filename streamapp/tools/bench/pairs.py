@@ -15,9 +15,9 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from streamapp import wire
 from streamapp.agents.source import SyntheticScene, to_frame
+from streamapp.cli.publisher import producer_config
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
-from streamapp.tools.publisher import producer_config
 from streamapp.topics import max_record_bytes
 from streamapp.wire import new_epoch
 

@@ -30,7 +30,8 @@ from streamapp.tools.bench.soak_state import STALL_AT, Progress, SoakOptions
 from streamapp.tools.harness import follow, output_consumer, own_broker
 from streamapp.tools.localkafka.processes import free_port
 from streamapp.tools.workers import Worker, wait_until
-from streamapp.topics import ensure_topics, topic_names
+from streamapp.topicadmin import ensure_topics
+from streamapp.topics import topic_names
 from streamapp.wire import new_epoch
 
 # --------------------------------------------------------------------------------------------

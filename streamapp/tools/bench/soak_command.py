@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from streamapp.tools.arguments import count_arg, fps_arg, resolution_arg, seconds_arg, size_arg
+from streamapp.cli.arguments import count_arg, fps_arg, resolution_arg, seconds_arg, size_arg
 
 SCENARIOS = ("steady", "stall", "slow-sink", "4k")
 

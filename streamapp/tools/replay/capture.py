@@ -135,7 +135,7 @@ def synthetic_records(settings: Settings, *, streams: int, frames: int, width: i
     from streamapp.agents.infer import infer_frame, load_detector
     from streamapp.agents.resize import resize_frame
     from streamapp.agents.source import synthetic_frames
-    from streamapp.tools.publisher import interleave
+    from streamapp.cli.publisher import interleave
 
     detector = load_detector("color")
     names = [f"{prefix}{number}" for number in range(1, streams + 1)]

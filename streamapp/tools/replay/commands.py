@@ -9,9 +9,9 @@ import json
 import time
 from pathlib import Path
 
+from streamapp.cli.arguments import count_arg, fps_arg, resolution_arg
 from streamapp.errors import UsageError
 from streamapp.settings import Settings
-from streamapp.tools.arguments import count_arg, fps_arg, resolution_arg
 from streamapp.tools.replay.capture import RecordLimits, record_topics, synthetic_records
 from streamapp.tools.replay.format import RecordingWriter
 from streamapp.tools.replay.predict import predict

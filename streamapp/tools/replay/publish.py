@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaProducer
 
+from streamapp.cli.publisher import producer_config
 from streamapp.connect import start_client
 from streamapp.settings import Settings
-from streamapp.tools.publisher import producer_config
 from streamapp.tools.replay.format import Record, Recording
 from streamapp.tools.replay.transforms import Records, ReplayError, frame_id, interleave, side_of
 from streamapp.wire import new_epoch

@@ -1,41 +1,19 @@
-"""The ``streamapp`` command.
-
-Each subcommand is one :class:`Command` in :data:`COMMANDS`: a name, a one-line help, a function
-that adds its arguments to its ``argparse`` parser and a handler ``(args) -> exit code``. Adding a
-subcommand is adding one entry.
-
-Every expected failure is a :class:`~streamapp.errors.StreamappError`, printed as one line
-``streamapp: error: <what> — <fix>`` without a traceback; the command exits with its code
-(:class:`~streamapp.errors.ExitCode`: 2 for a bad flag or setting, 3 ``broker status`` when no
-broker runs, 4 no Java, 5 no Maven, 6 no broker answers, 7 port busy, 1 anything else).
-"""
+"""The commands of the tools distribution (``streamapp[tools]``, streamapp/tools/pyproject.toml):
+the local broker, the demo, the benchmarks, record and replay. ``streamapp`` (streamapp/cli/main.py)
+names them and takes each one's arguments and handler from :data:`HANDLERS`."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
 import json
-import sys
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from streamapp import assets
-from streamapp.errors import ExitCode, StreamappError, UsageError, one_line
-from streamapp.kafka import client as kafkaclient
+from streamapp.cli.arguments import count_arg, fps_arg, port_arg, resolution_arg, seconds_arg, size_arg
+from streamapp.cli.command import Command, CommandError, Configure, Run, note
+from streamapp.errors import ExitCode, UsageError
 from streamapp.settings import Settings
-from streamapp.tools import chaos, upgrade
-from streamapp.tools.arguments import (
-    count_arg,
-    fps_arg,
-    port_arg,
-    resolution_arg,
-    seconds_arg,
-    size_arg,
-    stages_arg,
-)
+from streamapp.tools import chaos
 from streamapp.tools.bench import disk_command, infer as infer_bench, join_command, soak_command
 from streamapp.tools.localkafka.broker import LocalBroker
 from streamapp.tools.localkafka.cluster import CLUSTER_NODES, LocalCluster, default_cluster_dir
@@ -54,37 +32,6 @@ from streamapp.tools.localkafka.security import (
 )
 from streamapp.tools.replay import commands as replay_commands
 from streamapp.units import format_bytes
-from streamapp.wire import parse_stream_id
-
-if TYPE_CHECKING:
-    from streamapp.tools.demo import Source
-
-
-class CommandError(StreamappError, RuntimeError):
-    """A subcommand failed in an expected way; the message is shown as is."""
-
-
-EXPECTED_ERRORS: tuple[type[Exception], ...] = (StreamappError,)
-
-
-class Parser(argparse.ArgumentParser):
-    """A bad flag is one line like every other error: what is wrong, and where the flags are."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message, f"see `{self.prog} --help`")
-
-
-@dataclasses.dataclass(frozen=True)
-class Command:
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-def _note(message: str) -> None:
-    print(f"streamapp: {message}", file=sys.stderr)
-
 
 # --------------------------------------------------------------------------------------------
 # streamapp broker start|stop|status
@@ -146,10 +93,10 @@ def run_broker(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or (default_cluster_dir(port) if args.nodes > 1 else default_data_dir(port))
     security = _broker_security(args, Path(data_dir).expanduser().resolve())
     if args.nodes > 1:
-        cluster = LocalCluster(data_dir, port, nodes=args.nodes, notify=_note, security=security,
+        cluster = LocalCluster(data_dir, port, nodes=args.nodes, notify=note, security=security,
                                max_message_bytes=max_message_bytes)
         return run_cluster(cluster, args)
-    broker = LocalBroker(data_dir, port, notify=_note, security=security, max_message_bytes=max_message_bytes)
+    broker = LocalBroker(data_dir, port, notify=note, security=security, max_message_bytes=max_message_bytes)
     if args.action == "env":
         return _print_env(broker.bootstrap, security, args.user)
     if args.action == "start":
@@ -233,123 +180,6 @@ def _print_nodes(cluster: LocalCluster) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# streamapp topics create
-
-
-def configure_topics(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Create the pipeline's topics with their partitions and configs "
-                          "(settings from STREAMAPP_* variables) and check they are co-partitioned. "
-                          "Prints how STREAMAPP_BROKER_DISK_BUDGET is split over the topics, and "
-                          "refuses a budget they cannot fit in. It also creates the join table's "
-                          "changelog of each stage set the workers will run the join in (each has its "
-                          "own), so that a worker whose user may not create topics finds it. Topics "
-                          "that exist are verified, not changed.")
-    parser.add_argument("action", choices=["create"])
-    parser.add_argument("--stages", action="append", type=stages_arg, dest="layouts", metavar="STAGES",
-                        help="the STREAMAPP_STAGES of a kind of worker the pipeline will run, e.g. `join` or "
-                             "`resize,infer,join,sink`; repeat it for each (default: all four stages in one "
-                             "worker, one worker per stage, and this process's STREAMAPP_STAGES)")
-
-
-def run_topics(args: argparse.Namespace) -> int:
-    from streamapp.topics import DOCUMENTED_LAYOUTS, disk_plan, ensure_topics
-
-    settings = Settings.from_env()
-    print(disk_plan(settings).describe())  # refuses a plan that cannot fit before touching the broker
-    layouts = args.layouts or [*DOCUMENTED_LAYOUTS, settings.stages]
-    created = asyncio.run(ensure_topics(settings, layouts=layouts))
-    print(f"topics ready on {settings.bootstrap_servers}; created: {', '.join(created) or 'none'}")
-    return 0
-
-
-# --------------------------------------------------------------------------------------------
-# streamapp produce
-
-
-def configure_produce(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Publish frames to the frames topic: a synthetic scene with known boxes, "
-                          "or a video file. Every run is a new epoch. Settings from STREAMAPP_*.")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--synthetic", action="store_true", help="moving coloured objects")
-    source.add_argument("--video", type=Path, help="any video file OpenCV can read")
-    parser.add_argument("--streams", type=count_arg, default=1, help="synthetic streams (default 1)")
-    parser.add_argument("--frames", type=count_arg, default=300, help="frames per stream (default 300)")
-    parser.add_argument("--fps", type=fps_arg, default=15.0,
-                        help="frames per second per stream; 0 = as fast as possible (default 15)")
-    parser.add_argument("--size", type=resolution_arg, default=(640, 480),
-                        help="synthetic frame size WIDTHxHEIGHT (default 640x480)")
-    parser.add_argument("--stream", default="cam", help="stream id, or prefix when numbered (default cam)")
-    parser.add_argument("--ground-truth", type=Path, help="write the true boxes as JSON lines here")
-
-
-def run_produce(args: argparse.Namespace) -> int:
-    from streamapp.agents.source import video_file_frames
-    from streamapp.groundtruth import GroundTruthWriter
-    from streamapp.tools.harness import synthetic_streams
-    from streamapp.tools.progress import Progress
-    from streamapp.tools.publisher import FramePublisher
-    from streamapp.wire import new_epoch
-
-    settings = Settings.from_env()
-    epoch = new_epoch()
-    sources: list[Source]
-    try:
-        if args.video:
-            sources = [((frame, None) for frame in video_file_frames(
-                args.video, parse_stream_id(args.stream), epoch, max_frames=args.frames))]
-        else:
-            width, height = args.size
-            sources = synthetic_streams(args.streams, width, height, frames=args.frames, fps=args.fps or 15.0,
-                                        epoch=epoch, prefix=args.stream)
-    except ValueError as exc:  # a stream id
-        raise UsageError(str(exc), "see `streamapp produce --help`") from None
-    truth = GroundTruthWriter(args.ground_truth) if args.ground_truth else None
-
-    async def publish() -> int:
-        # A video may end before --frames; the bar then stops short of its total. Connected
-        # first, so that no broker is an error without a bar.
-        async with FramePublisher(settings) as publisher:
-            with Progress("produce", total=args.frames * len(sources), unit="frames") as progress:
-                def published(frame, boxes) -> None:
-                    if truth is not None:
-                        truth.write(frame.id, boxes)
-                    progress.advance()
-
-                await publisher.play(sources, args.fps, on_frame=published)
-                return publisher.published
-
-    try:
-        began = time.monotonic()
-        published = asyncio.run(publish())
-    finally:
-        if truth is not None:
-            truth.close()
-    print(f"published {published} frames (epoch {epoch}) to {settings.bootstrap_servers} "
-          f"in {time.monotonic() - began:.1f}s")
-    return 0
-
-
-# --------------------------------------------------------------------------------------------
-# streamapp model / streamapp samples: fetch pinned files once into the cache
-
-
-def fetch_command(name: str, files: Sequence[assets.Asset], what: str) -> Command:
-    """A command that fetches ``files`` (when missing or corrupt) and prints where they are."""
-
-    def configure(parser: argparse.ArgumentParser) -> None:
-        parser.description = (f"Fetch {what} once into {assets.assets_home()} (set "
-                              f"STREAMAPP_ASSETS_HOME to move it), checked against pinned sha256 "
-                              f"sums, each with its origin and license in <file>.ORIGIN.txt.")
-
-    def run(args: argparse.Namespace) -> int:
-        for path in assets.ensure(files, notify=_note):
-            print(path)
-        return 0
-
-    return Command(name, f"fetch {what} (once) and print where they are", configure, run)
-
-
-# --------------------------------------------------------------------------------------------
 # streamapp demo
 
 
@@ -426,52 +256,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------
 
-COMMANDS: list[Command] = [
-    Command("broker", "run a local Kafka broker for development and tests", configure_broker, run_broker),
-    Command("topics", "create the pipeline's topics and check co-partitioning", configure_topics, run_topics),
-    Command("produce", "publish a synthetic scene or a video file to the frames topic",
-            configure_produce, run_produce),
-    fetch_command("model", assets.MODEL, "the YOLOv3-tiny model files (STREAMAPP_DETECTOR=yolo)"),
-    fetch_command("samples", assets.SAMPLES, "the sample videos (vtest.avi, bikes.mp4)"),
-    Command("demo", "run the whole pipeline on a local broker and check the output", configure_demo, run_demo),
-    Command("bench", "long-running measurements (chaos: crashes under load; join: against Kafka Streams; "
-                     "soak: memory and disk; disk: every disk budget on small file systems)",
-            configure_bench, run_bench),
-    Command("record", "record topics (or synthetic cameras) to a recording file",
-            replay_commands.configure_record, replay_commands.run_record),
-    Command("replay", "publish recordings to topics, paced, through seeded scenario transforms",
-            replay_commands.configure_replay, replay_commands.run_replay),
-    Command("check-upgrade", upgrade.HELP, upgrade.configure, upgrade.run),
-]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="streamapp", description="Video analytics on Faust and Kafka.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS:
-        sub = commands.add_parser(command.name, help=command.help, description=command.help)
-        command.configure(sub)
-        sub.set_defaults(run=command.run)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        kafkaclient.install()
-        args = parser.parse_args(argv)
-        if args.command is None:
-            raise UsageError("a command is required", "see `streamapp --help`")
-        return args.run(args)
-    except SystemExit as exc:  # --help, which argparse has printed
-        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
-    except EXPECTED_ERRORS as exc:
-        print(f"streamapp: error: {one_line(exc)}", file=sys.stderr)
-        return getattr(exc, "exit_code", ExitCode.FAILURE)
-    except KeyboardInterrupt:
-        print("streamapp: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+HANDLERS: dict[str, tuple[Configure, Run]] = {
+    "broker": (configure_broker, run_broker),
+    "demo": (configure_demo, run_demo),
+    "bench": (configure_bench, run_bench),
+    "record": (replay_commands.configure_record, replay_commands.run_record),
+    "replay": (replay_commands.configure_replay, replay_commands.run_replay),
+}

@@ -16,9 +16,10 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from streamapp import wire
-from streamapp.agents.source import Pacer
+from streamapp.agents.source import Pacer, synthetic_frames
 from streamapp.connect import acl_errors_named, quiet_logger, start_client
 from streamapp.errors import StreamappError
+from streamapp.groundtruth import TruthBox
 from streamapp.kafka.producer import KeyPartitioner
 from streamapp.kafkasecurity import client_options
 from streamapp.settings import Settings
@@ -38,6 +39,18 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
                   max_batch_size=min(limit, MAX_BATCH_BYTES), linger_ms=LINGER_MS, acks="all",
                   enable_idempotence=True, partitioner=KeyPartitioner())
     return {**config, **overrides}
+
+
+# A stream's frames, each with its true boxes (None: not known, e.g. a video).
+Stream = Iterator[tuple[wire.Frame, list[TruthBox] | None]]
+
+
+def synthetic_streams(count: int, width: int, height: int, *, frames: int | None, fps: float,
+                      epoch: int, prefix: str = "cam") -> list[Stream]:
+    """``count`` synthetic cameras ``<prefix>1``.. of one epoch, ``frames`` each (None: endless),
+    their capture times ``fps`` apart; each frame comes with its true boxes."""
+    return [synthetic_frames(f"{prefix}{number}", epoch, frames, width, height, seed=number, fps=fps)
+            for number in range(1, count + 1)]
 
 
 class FrameTooLarge(StreamappError, ValueError):
