@@ -158,10 +158,13 @@ SEAMS: tuple[Seam, ...] = (
         lambda: source_says("aiokafka.conn:AIOKafkaConnection.connect",
                             "reader = asyncio.StreamReader(", "self._reader, self._writer, self._protocol = "),
     )),
+    # WholeResponseReader repeats the bookkeeping of readexactly and feed_data around the rest.
     Seam("read: asyncio's StreamReader buffer", "python", _all(
-        lambda: has("asyncio:StreamReader", "_wakeup_waiter", "_wait_for_data", "_maybe_resume_transport"),
-        lambda: parameters("asyncio:StreamReader.readexactly", "self", "n"),
-        lambda: parameters("asyncio:StreamReader.feed_data", "self", "data"),
+        lambda: same_source("asyncio:StreamReader.readexactly", "b6b86321633c3a50"),
+        lambda: same_source("asyncio:StreamReader.feed_data", "c1bc9b47aa7598df"),
+        lambda: same_source("asyncio:StreamReader._wait_for_data", "1d515382fce56a27"),
+        lambda: same_source("asyncio:StreamReader._wakeup_waiter", "0395d4989aa6802a"),
+        lambda: same_source("asyncio:StreamReader._maybe_resume_transport", "9d3e655ef6f9a2d7"),
         _stream_reader_fields,
     )),
     Seam("write: produce requests unjoined", "aiokafka", _all(
@@ -214,9 +217,16 @@ SEAMS: tuple[Seam, ...] = (
         lambda: has("faust.transport.producer:ProducerBuffer", "max_messages", "size"),
         lambda: has("faust.transport.drivers.aiokafka:Producer", "_producer", "_transaction_producers"),
     )),
+    # The byte-counted queues extend _put and _get, answer full() through qsize(), read the deque
+    # _init makes, and a drop repeats task_done's count of what put_nowait counted in.
     Seam("buffers: asyncio's queue internals", "python", _all(
-        lambda: has("asyncio:Queue", "_put", "_get"),
-        lambda: source_says("asyncio:Queue._init", "self._queue = collections.deque()"),
+        lambda: same_source("asyncio:Queue._init", "13c3b22a966c558b"),
+        lambda: same_source("asyncio:Queue._put", "850a6a0ad8dcd258"),
+        lambda: same_source("asyncio:Queue._get", "6cbe1f3eec7d9903"),
+        lambda: same_source("asyncio:Queue.full", "68397d4f1c5d1244"),
+        lambda: same_source("asyncio:Queue.put_nowait", "41b41c295e65967a"),
+        lambda: same_source("asyncio:Queue.get_nowait", "6aef37a819476e90"),
+        lambda: same_source("asyncio:Queue.task_done", "d88fd21943367019"),
         lambda: source_says("asyncio:Queue.__init__", "self._unfinished_tasks = 0"),
     )),
     Seam("producer: aiokafka's producer", "aiokafka", _all(
