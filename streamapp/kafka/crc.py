@@ -20,8 +20,11 @@ fallback.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import crc32c
 from aiokafka.consumer import fetcher
@@ -175,8 +178,28 @@ def _append_bytes(out: bytearray, value: bytes | None) -> None:
         out += value
 
 
+# What install() rebinds: (module, name, the value put there).
+_REBOUND: tuple[tuple[Any, str, Any], ...] = (
+    (default_records, "calc_crc32c", crc32c.crc32c),  # the Python builder's
+    (message_accumulator, "DefaultRecordBatchBuilder", LeanBatchBuilder),
+    (fetcher, "MemoryRecords", CheckedMemoryRecords),
+)
+
+
 def install() -> None:
     """Make every aiokafka producer and consumer in this process checksum so. Idempotent."""
-    default_records.calc_crc32c = crc32c.crc32c  # type: ignore[assignment]  # the Python builder's
-    message_accumulator.DefaultRecordBatchBuilder = LeanBatchBuilder  # type: ignore[misc]
-    fetcher.MemoryRecords = CheckedMemoryRecords  # type: ignore[misc, assignment]
+    for module, name, value in _REBOUND:
+        setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """:func:`install` for the ``with`` block; after it, what each name held before is put back
+    (installed already, it stays so). The process-wide rebinding kept out of other code's way."""
+    before = [(module, name, getattr(module, name)) for module, name, _ in _REBOUND]
+    install()
+    try:
+        yield
+    finally:
+        for module, name, value in before:
+            setattr(module, name, value)

@@ -9,8 +9,11 @@ import os
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.consumer import fetcher
 from aiokafka.consumer.fetcher import PartitionRecords
 from aiokafka.errors import CorruptRecordException
+from aiokafka.producer import message_accumulator
+from aiokafka.record import default_records
 from aiokafka.record._crecords import DefaultRecordBatchBuilder as CBuilder, LegacyRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
@@ -44,16 +47,29 @@ def records_of(records) -> list[tuple]:
     return read
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(autouse=True)
 def installed():
-    kafkacrc.install()
+    with kafkacrc.installed():
+        yield
+
+
+def test_installed_for_a_block_puts_back_what_was_there(monkeypatch):
+    names = ((default_records, "calc_crc32c"), (message_accumulator, "DefaultRecordBatchBuilder"),
+             (fetcher, "MemoryRecords"))
+    before = {name: object() for _, name in names}  # what this process held, whatever it was
+    for module, name in names:
+        monkeypatch.setattr(module, name, before[name])
+    with kafkacrc.installed():
+        with kafkacrc.installed():  # installed already: it stays so
+            pass
+        assert (message_accumulator.DefaultRecordBatchBuilder, fetcher.MemoryRecords) == \
+            (LeanBatchBuilder, CheckedMemoryRecords)
+    assert {name: getattr(module, name) for module, name in names} == before
 
 
 @pytest.mark.parametrize("transactional", [False, True])
 @pytest.mark.parametrize("producer", [(-1, -1, -1), (4711, 3, 120)])
 def test_built_batches_are_the_c_builders_bytes(transactional, producer):
-    from aiokafka.producer import message_accumulator
-
     assert message_accumulator.DefaultRecordBatchBuilder is LeanBatchBuilder
     assert build(LeanBatchBuilder, transactional=transactional, producer=producer) == \
         build(CBuilder, transactional=transactional, producer=producer)
