@@ -5,6 +5,8 @@ It makes a virtual environment in a temporary folder, installs the newest releas
 libraries the seams reach into from PyPI without constraints (pip resolves them together), installs
 this project there without its dependencies, and runs the seam checks there
 (``python -m streamapp.kafka.seams``). It prints one row per seam and exits 0 when none moved.
+The environment's Python is the one running, or ``--python``'s (a newer one to try), reported
+against the minor version the project pins (``requires-python``).
 """
 
 from __future__ import annotations
@@ -32,13 +34,18 @@ PROJECT_FILES = ("pyproject.toml", "README.md", "streamapp", "agents", "tables")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the scratch environment and print where it is")
+    parser.add_argument("--python", default=sys.executable, metavar="PATH",
+                        help="the Python to make the scratch environment with (default: the one running)")
 
 
 def run(args: argparse.Namespace) -> int:
     source = project_source()
+    python = shutil.which(args.python)
+    if python is None:
+        raise StreamappError(f"--python {args.python}: no such interpreter", "give the path of a Python to try")
     scratch = Path(tempfile.mkdtemp(prefix="streamapp-check-upgrade-"))
     try:
-        found = scratch_results(scratch, source)
+        found = scratch_results(scratch, source, python)
     finally:
         if args.keep:
             print(f"scratch environment: {scratch}/venv")
@@ -59,25 +66,28 @@ def project_source() -> Path:
 
 
 def pinned_versions() -> dict[str, str]:
-    """The exact pins of this project's dependencies (``name==version``), and the Python running."""
+    """The exact pins of this project's dependencies (``name==version``), and its Python's minor
+    version (``requires-python = "==3.11.*"``)."""
     pins = {}
     for requirement in metadata.requires("streamapp") or []:
         pinned = re.fullmatch(r"([A-Za-z0-9_.-]+)==([^;\s]+)", requirement.strip())
         if pinned:
             pins[pinned.group(1)] = pinned.group(2)
-    pins["python"] = ".".join(map(str, sys.version_info[:3]))
+    python = re.fullmatch(r"==(\d+\.\d+)\.\*", metadata.metadata("streamapp")["Requires-Python"] or "")
+    pins["python"] = python.group(1) if python else "?"
     return pins
 
 
-def scratch_results(scratch: Path, source: Path) -> dict[str, Any]:
+def scratch_results(scratch: Path, source: Path, interpreter: str) -> dict[str, Any]:
     venv = scratch / "venv"
     python = venv / "bin" / "python"
-    _run([sys.executable, "-m", "venv", str(venv)], "make the scratch environment")
+    _run([interpreter, "-m", "venv", str(venv)], f"make the scratch environment with {interpreter}")
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     _run([*pip, "--upgrade", *(library for library in PACKAGES if library != "python")],
          "install the newest releases from PyPI (is PyPI reachable?)")
-    # From a copy: pip would leave its build folder in the source.
-    _run([*pip, "--no-deps", str(_copy_project(source, scratch / "source"))],
+    # From a copy: pip would leave its build folder in the source. On any Python: trying one
+    # outside the pin is the point.
+    _run([*pip, "--no-deps", "--ignore-requires-python", str(_copy_project(source, scratch / "source"))],
          "install this project into the scratch environment")
     # From the scratch folder: the source folder on sys.path would shadow what was installed.
     checked = _run([str(python), "-m", "streamapp.kafka.seams"], "run the seam checks", cwd=scratch)
