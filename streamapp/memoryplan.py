@@ -18,7 +18,7 @@ and the next is 3 MB, so each buffer gets a share of the budget in bytes:
   exactly-once they share it with the changes of the open transactions), and the records it holds
   back for their partners;
 * the recovery buffer (join): changelog records Faust reads before it applies them, a count to
-  Faust, sized here by the largest record;
+  Faust, sized here by the largest record, at least :data:`MIN_RECOVERY_RECORDS`;
 * the decoded frame of a pixel stage (resize, infer, sink): 6 bytes a pixel of the frame pixel
   limit; a JPEG whose header says it would take more is refused before it is decoded;
 * the sink's preview: ``STREAMAPP_PREVIEW_BYTES`` of annotated frames;
@@ -55,6 +55,10 @@ SEND_BUFFER_SHARE = Fraction(1, 32)
 JOIN_BATCHES_SHARE = Fraction(1, 8)  # three batches of a 24th each
 RECOVERY_SHARE = Fraction(1, 32)
 DECODED_FRAME_SHARE = Fraction(1, 16)
+# Faust reads on in a table's changelog after its recovery when the table's recovery buffer is one
+# record (faust.tables.recovery): the join would fetch its own writes and apply them to its store
+# again, bringing back entries it had decided, and the fetcher would hold back its inputs.
+MIN_RECOVERY_RECORDS = 2
 # Bytes of keys the producer's partitioner remembers the hashes of.
 KEY_HASH_MEMO_BYTES = 64 * 1024
 
@@ -144,7 +148,7 @@ class MemoryPlan:
                                      max(_MIN_BATCH_BYTES, _share(budget, PRODUCER_BATCHES_SHARE) // (2 * produced))),
             send_buffer_bytes=_limit(_share(budget, SEND_BUFFER_SHARE), record),
             batch_bytes=_limit(_share(budget, JOIN_BATCHES_SHARE) // JOIN_BATCHES, record) if join else 0,
-            recovery_records=max(1, _share(budget, RECOVERY_SHARE) // record) if join else 0,
+            recovery_records=max(MIN_RECOVERY_RECORDS, _share(budget, RECOVERY_SHARE) // record) if join else 0,
             decoded_frame_bytes=DECODE_BYTES_PER_PIXEL * pixels if PIXEL_STAGES & set(stages) else 0,
             preview_bytes=preview_bytes if "sink" in stages else 0,
             key_hash_memo_bytes=KEY_HASH_MEMO_BYTES,

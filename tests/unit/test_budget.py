@@ -86,13 +86,23 @@ def test_a_worker_without_the_join_plans_no_join_share():
     assert shares["recovery buffer"] == shares["preview"] == 0 and shares["decoded frame"] > 0
 
 
+@pytest.mark.parametrize("frame", [64 * 1024, 1 * MIB, 16 * MIB])
+def test_the_join_recovers_in_batches_of_more_than_one_record(frame):
+    """With one, Faust reads on in the changelog after recovery and the join applies its own
+    writes to its store again (streamapp.memoryplan)."""
+    for budget in BUDGETS:
+        planned = _plan_or_smallest(Settings(memory_budget_bytes=budget, max_frame_bytes=frame, stages=("join",)))
+        if not isinstance(planned, int):
+            assert planned.recovery_records > 1, planned
+
+
 def test_a_budget_too_small_for_the_frames_is_refused_in_one_line_with_the_smallest_that_fits(tmp_path):
     settings = Settings(memory_budget_bytes=256 * MIB, data_dir=tmp_path)
     with pytest.raises(UsageError) as refused:
         create_app(settings)
     message = one_line(refused.value)
     assert message.startswith("STREAMAPP_MEMORY_BUDGET=256.0MiB is too small for stages resize,infer,join,sink")
-    assert "give it at least 664MiB, or lower STREAMAPP_MAX_FRAME_BYTES, STREAMAPP_PARTITIONS or " \
+    assert "give it at least 719MiB, or lower STREAMAPP_MAX_FRAME_BYTES, STREAMAPP_PARTITIONS or " \
            "STREAMAPP_PREVIEW_BYTES" in message
     assert refused.value.exit_code == ExitCode.USAGE
 
