@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 import os
 
+import pytest
+
 from streamapp.agents.sink import annotate
 from streamapp.agents.source import SyntheticScene, to_frame
 from streamapp.imaging import CorruptFrame
@@ -45,6 +47,7 @@ def _decode_and_draw(count: int, jpegs: list[bytes], corrupt: list[bytes]) -> in
     return failures
 
 
+@pytest.mark.slow
 def test_decode_and_draw_2000_hd_frames_without_the_cyclic_gc_keeps_rss_flat():
     jpegs, corrupt = _inputs()
     gc.collect()

@@ -38,6 +38,8 @@ from streamapp.topics import changelog_name, max_record_bytes
 from streamapp.units import parse_bytes
 from streamapp.worker.factory import create_app
 
+pytestmark = pytest.mark.slow  # helm is built on first use
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "streamapp"
 DOC = (REPO / "docs" / "operations.md").read_text()

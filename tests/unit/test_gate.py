@@ -8,6 +8,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.slow  # mypy takes a minute without its cache
+
 
 def require_clean(*command: str) -> None:
     proc = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -16,6 +16,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
@@ -29,6 +31,7 @@ def installed_layout(into: Path) -> Path:
     return into
 
 
+@pytest.mark.slow  # lint-imports on a copy of the tree
 def test_imports_follow_the_layers(tmp_path):
     root = installed_layout(tmp_path)
     finished = subprocess.run([str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml")], cwd=root,
@@ -48,6 +51,7 @@ print(len(graph.modules), sorted(sorted(cycle) for cycle in cycles))
 """
 
 
+@pytest.mark.slow
 def test_no_module_imports_itself_through_others(tmp_path):
     """Across packages too, imports for type checking included."""
     root = installed_layout(tmp_path)

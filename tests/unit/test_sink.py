@@ -373,6 +373,7 @@ def test_making_room_deletes_the_oldest_files_first_whatever_their_stream(tmp_pa
     assert metrics["sink_retention_deleted_files_total"] == 0  # the budget itself deleted nothing
 
 
+@pytest.mark.slow
 def test_stream_ids_a_producer_mints_cannot_take_the_sink_past_its_budget(tmp_path):
     """One frame each of 300 new streams, wired as the sink wires them: the budget holds for them
     all (a stream's one file is deleted like any other), the runs assembled at once and the open
@@ -469,6 +470,7 @@ def _rss_bytes() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
+@pytest.mark.slow
 def test_pixel_stages_keep_memory_flat_without_the_cyclic_gc():
     """R7: 300 frames of 1280x720, a tenth of them corrupt, through resize -> infer -> annotate."""
     scene = SyntheticScene(1280, 720, seed=11)

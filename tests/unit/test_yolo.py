@@ -11,6 +11,8 @@ from streamapp.agents.source import video_file_frames
 from streamapp.imaging import CorruptFrame
 from streamapp.settings import Settings
 
+pytestmark = pytest.mark.slow  # the real model on real footage
+
 
 @pytest.fixture(scope="module")
 def detector(model_files):
