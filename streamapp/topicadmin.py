@@ -145,9 +145,10 @@ async def check_group(admin: AIOKafkaAdminClient, settings: Settings, *, attempt
 
 
 async def partition_counts(admin: AIOKafkaAdminClient, settings: Settings, names: list[str], *,
-                           attempts: int = 20) -> dict[str, int]:
+                           attempts: int = 60) -> dict[str, int]:
     """Partition count of each topic. A topic created a moment ago may not be in the metadata
-    yet (UNKNOWN_TOPIC_OR_PARTITION), so that error is retried for a few seconds."""
+    yet (UNKNOWN_TOPIC_OR_PARTITION), so that error is retried for up to 15 s: a busy broker has
+    taken more than 5 s to show several workers' new topics."""
     for attempt in range(attempts):
         described = await admin.describe_topics(names)
         errors = {topic["topic"]: topic["error_code"] for topic in described if topic.get("error_code")}
